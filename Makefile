@@ -1,0 +1,31 @@
+# Two commands do all set-up: `make run` and `make test` (README.md).
+# The venv lives in .venv at the repo root; torch is pinned so that pip takes the CPU build
+# shipped on this project's machines instead of a multi-GB CUDA build.
+PY      ?= python3
+VENV    := .venv
+VPY     := $(VENV)/bin/python
+TORCH   ?= torch==2.13.0
+STAMP   := $(VENV)/.installed
+
+.PHONY: install run test theory clean
+
+$(STAMP): pyproject.toml
+	test -x $(VPY) || $(PY) -m venv $(VENV)
+	$(VPY) -m pip install --quiet --upgrade pip
+	$(VPY) -m pip install --quiet "$(TORCH)"
+	$(VPY) -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(VPY) run.py
+
+test: $(STAMP)
+	$(VPY) -m pytest -q
+
+theory: $(STAMP)
+	$(VPY) -m coolsd.theory
+
+clean:
+	rm -rf $(VENV) outputs multirun

@@ -1,0 +1,1 @@
+"""coolsd: speculative decoding of autoregressive image generators."""

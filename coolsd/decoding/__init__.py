@@ -1,0 +1,1 @@
+"""The decoding engine: trees, sampling, acceptance rules, verification."""

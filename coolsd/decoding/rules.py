@@ -1,0 +1,100 @@
+"""Acceptance rules: the per-sibling step of METHODS.md 1.3 for every discrete method.
+
+A rule maps (current residual target p_res, the sibling's conditional draft q_j, its token x_j,
+its depth d) to the acceptance probability f_j(x_j) and the UNNORMALISED residual that replaces
+p_res if x_j is rejected. The tree walk (``verify.py``) is shared by all rules.
+
+Table of METHODS.md 1.3, with a_j the acceptance numerator:
+  exact (eagle, sjd)     a_j = p_res                     residual [p_res - q_j]_+
+  scaled (uniform_rsd,   a_j = omega_d * p_res           residual G* = [p_res - min(q_j, a_j)]_+
+          coolsd)
+  lantern(_pp)           a_j = p~ (neighbourhood sum)    residual LANTERN's own or G*
+"""
+from __future__ import annotations
+
+import torch
+
+from coolsd.decoding import lantern as _lantern
+
+
+def acceptance_prob(a_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
+    """f = min(1, a(x) / q(x)); 0 where q(x) <= 0 (such drafts are skipped anyway)."""
+    safe_q = torch.where(q_x > 0, q_x, torch.ones_like(q_x))
+    return torch.where(q_x > 0, torch.clamp(a_x / safe_q, max=1.0), torch.zeros_like(q_x))
+
+
+def gstar_residual(p_res: torch.Tensor, q: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """Unnormalised TV-optimal resampling G* = [p_res - q * f]_+ with q*f = min(q, a)
+    (COOL-SD Theorem 2). For a = omega*p_res with omega >= 1 this is [p_res - q]_+ (Prop. 1)."""
+    return torch.clamp(p_res - torch.minimum(q, a), min=0.0)
+
+
+def take(v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return v.gather(-1, x.unsqueeze(-1)).squeeze(-1)
+
+
+class Rule:
+    """Base: subclasses define the acceptance numerator a_j(.) over the whole vocabulary."""
+
+    name = "rule"
+
+    def numerator(self, p_res: torch.Tensor, depth: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def step(self, p_res, q, x, depth):
+        a = self.numerator(p_res, depth)
+        return acceptance_prob(take(a, x), take(q, x)), gstar_residual(p_res, q, a)
+
+    def describe(self) -> dict:
+        return {"rule": self.name}
+
+
+class ExactRule(Rule):
+    """Lossless speculative sampling (EAGLE-1 recursive rejection; SJD's window test)."""
+
+    name = "exact"
+
+    def numerator(self, p_res, depth):
+        return p_res
+
+
+class ScaledRule(Rule):
+    """a_j = omega_d * p_res: UniformRSD (omega constant) and COOL-SD (annealed omega)."""
+
+    name = "scaled"
+
+    def __init__(self, omega: torch.Tensor):
+        self.omega = omega.double()
+
+    def numerator(self, p_res, depth):
+        # depths past the schedule (never reached by a tree of depth L) reuse the last weight
+        w = float(self.omega[min(depth, len(self.omega)) - 1])
+        return w * p_res
+
+    def describe(self):
+        return {"rule": self.name, "omega": [round(float(w), 6) for w in self.omega]}
+
+
+class LanternRule(Rule):
+    """LANTERN (absolute budget ``delta``) / LANTERN++ (relative budget ``lam``), METHODS.md 3."""
+
+    name = "lantern"
+
+    def __init__(self, neighbours: torch.Tensor, k: int, *, lam=None, delta=None, resample="lantern"):
+        self.nb_k = neighbours[:, :k]
+        self.nb_k1 = neighbours[:, : k + 1]  # LANTERN zeroes k+1 neighbours (reference code)
+        self.lam, self.delta, self.resample = lam, delta, resample
+
+    def numerator(self, p_res, depth):
+        return _lantern.aggregate(p_res, self.nb_k, None, lam=self.lam, delta=self.delta)[0]
+
+    def step(self, p_res, q, x, depth):
+        if self.resample == "gstar":
+            return super().step(p_res, q, x, depth)
+        p_tilde_x, relaxed = _lantern.aggregate(p_res, self.nb_k, x, lam=self.lam, delta=self.delta)
+        f = acceptance_prob(p_tilde_x, take(q, x))
+        # LlamaGen static-tree path: if relaxation was used at x, zero q on x's first k+1
+        # neighbours (not renormalised), then [p_res - q]_+.
+        zero = torch.zeros_like(q, dtype=torch.bool).scatter_(-1, self.nb_k1[x], True)
+        q_mod = torch.where(zero & relaxed.unsqueeze(-1), torch.zeros_like(q), q)
+        return f, torch.clamp(p_res - q_mod, min=0.0)

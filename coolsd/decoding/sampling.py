@@ -1,0 +1,81 @@
+"""Logit processing and sampling from explicit uniforms.
+
+Every random choice in decoding is a deterministic function of uniforms drawn by the caller
+(``coolsd.decoding.rng``), so the same kernels serve the per-sample seeded image loop and the
+vectorised theory lab, and batch composition never changes a sample's draws.
+"""
+from __future__ import annotations
+
+import torch
+
+_TINY = 1e-12
+
+
+def cfg_combine(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
+    """Classifier-free guidance on logits: uncond + s * (cond - uncond)."""
+    return uncond + scale * (cond - uncond)
+
+
+def warp_probs(
+    logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
+) -> torch.Tensor:
+    """Next-token distribution after temperature -> top-k -> top-p (HF warper order).
+
+    ``temperature == 0`` gives a one-hot distribution at the argmax (greedy decoding), so greedy
+    decoding runs through the same verification code as sampling.
+    """
+    logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    if temperature == 0:
+        out = torch.zeros_like(logits)
+        return out.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    logits = logits / temperature
+    V = logits.shape[-1]
+    if 0 < top_k < V:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cum - sorted_logits.softmax(-1) >= top_p  # keep the smallest set reaching top_p
+        drop_full = torch.zeros_like(drop).scatter(-1, order, drop)
+        logits = logits.masked_fill(drop_full, float("-inf"))
+    return logits.softmax(-1)
+
+
+def normalize(v: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    """Norm(v) = v / sum(v) along the last dim; rows without mass take ``fallback``."""
+    s = v.sum(-1, keepdim=True)
+    ok = s > _TINY
+    return torch.where(ok, v / torch.where(ok, s, torch.ones_like(s)), fallback)
+
+
+def sample_inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Draw one token per row of ``probs`` (..., V) using uniforms ``u`` (...,) in [0, 1).
+
+    Zero-probability tokens are never returned (right-continuous inverse CDF).
+    """
+    cdf = probs.cumsum(-1)
+    target = (u * cdf[..., -1]).unsqueeze(-1)
+    idx = torch.searchsorted(cdf.contiguous(), target.contiguous(), right=True).squeeze(-1)
+    # rounding can put the target at the very end: take the last token with mass
+    last = probs.shape[-1] - 1 - torch.flip(probs > 0, dims=[-1]).to(torch.int8).argmax(-1)
+    return torch.minimum(idx, last)
+
+
+def sample_without_replacement(
+    probs: torch.Tensor, u: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """k draws without replacement (Gumbel-top-k), in sampling order.
+
+    Returns ``tokens`` (..., k) and ``cond_probs`` (..., k, V): for the j-th draw, the
+    distribution it was drawn from, ``Norm(probs with the first j-1 draws zeroed)``
+    (METHODS.md 1.2). Draws beyond the support get an all-zero conditional and must be skipped.
+    """
+    gumbel = -torch.log(-torch.log(u.clamp(_TINY, 1 - 1e-7)))
+    keys = torch.log(probs) + gumbel
+    tokens = torch.topk(keys, k, dim=-1).indices
+    onehots = torch.nn.functional.one_hot(tokens, probs.shape[-1]).to(probs.dtype)
+    removed = torch.cumsum(onehots, dim=-2) - onehots  # draws before j
+    masked = probs.unsqueeze(-2) * (1 - removed)
+    cond = normalize(masked, torch.zeros_like(masked))
+    return tokens, cond

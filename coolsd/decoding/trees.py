@@ -1,0 +1,119 @@
+"""Static draft trees (METHODS.md 1.2) compiled into index tensors.
+
+Node 0 is the root: the last emitted token, whose target distribution verifies depth 1.
+Nodes 1..n are the tree paths ordered by (depth, path). ``children[i, r]`` is the node holding
+the r-th sample drawn at node i (-1 if absent); sibling order is sampling order, which is the
+order recursive rejection visits them (METHODS.md 1.3).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from coolsd.decoding.tree_choices import NAMED_TREES
+
+TREE_NAMES = ("chain", *NAMED_TREES)
+
+
+@dataclass(frozen=True)
+class Tree:
+    name: str
+    paths: tuple[tuple[int, ...], ...]
+    parent: torch.Tensor  # (n+1,) long, parent[0] = -1
+    depth: torch.Tensor  # (n+1,) long, depth[0] = 0
+    rank: torch.Tensor  # (n+1,) long, sample index at the parent
+    children: torch.Tensor  # (n+1, max_children) long, -1 padded, rank order
+    ancestors: torch.Tensor  # (n+1, n+1) bool, [i, j]: j is i or an ancestor of i
+
+    @property
+    def n_nodes(self) -> int:
+        """Number of drafted nodes (the root excluded)."""
+        return len(self.paths)
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.depth.max())
+
+    @property
+    def max_children(self) -> int:
+        return self.children.shape[1]
+
+    def level(self, d: int) -> torch.Tensor:
+        """Node indices at depth d, in node order."""
+        return torch.nonzero(self.depth == d).flatten()
+
+    def n_children(self) -> torch.Tensor:
+        return (self.children >= 0).sum(1)
+
+
+def chain_paths(length: int) -> list[list[int]]:
+    return [[0] * d for d in range(1, length + 1)]
+
+
+def build_tree(paths: Sequence[Sequence[int]], name: str = "custom") -> Tree:
+    """Compile a list of paths, checking it is a well-formed sampling tree."""
+    ps = sorted({tuple(int(r) for r in p) for p in paths}, key=lambda p: (len(p), p))
+    if len(ps) != len(paths):
+        raise ValueError(f"tree {name!r}: duplicate paths")
+    if not ps:
+        return _compile(name, ())
+    index = {p: i + 1 for i, p in enumerate(ps)}
+    for p in ps:
+        if len(p) == 0 or min(p) < 0:
+            raise ValueError(f"tree {name!r}: path {list(p)} must be non-empty with ranks >= 0")
+        if len(p) > 1 and p[:-1] not in index:
+            raise ValueError(f"tree {name!r}: path {list(p)} has no parent {list(p[:-1])}")
+        # Recursive rejection is lossless only if the children verified at a node are the first
+        # samples drawn there: ranks must be 0..m-1 (a skipped rank would condition later
+        # siblings on an unverified draw).
+        if p[-1] > 0 and p[:-1] + (p[-1] - 1,) not in index:
+            raise ValueError(
+                f"tree {name!r}: path {list(p)} skips rank {p[-1] - 1}; sibling ranks must be 0..m-1"
+            )
+    return _compile(name, tuple(ps))
+
+
+def _compile(name: str, ps: tuple[tuple[int, ...], ...]) -> Tree:
+    n = len(ps)
+    index = {(): 0, **{p: i + 1 for i, p in enumerate(ps)}}
+    parent = torch.full((n + 1,), -1, dtype=torch.long)
+    depth = torch.zeros(n + 1, dtype=torch.long)
+    rank = torch.zeros(n + 1, dtype=torch.long)
+    kids: list[list[int]] = [[] for _ in range(n + 1)]
+    for p, i in index.items():
+        if not p:
+            continue
+        parent[i] = index[p[:-1]]
+        depth[i] = len(p)
+        rank[i] = p[-1]
+        kids[index[p[:-1]]].append((p[-1], i))
+    width = max([len(k) for k in kids] + [1])
+    children = torch.full((n + 1, width), -1, dtype=torch.long)
+    for i, k in enumerate(kids):
+        for r, (_, c) in enumerate(sorted(k)):
+            children[i, r] = c
+    ancestors = torch.zeros(n + 1, n + 1, dtype=torch.bool)
+    for i in range(n + 1):
+        j = i
+        while j >= 0:
+            ancestors[i, j] = True
+            j = int(parent[j])
+    return Tree(name, ps, parent, depth, rank, children, ancestors)
+
+
+def make_tree(tree: str | Sequence[Sequence[int]], draft_length: int | None = None) -> Tree:
+    """A tree by name ("chain" needs ``draft_length``) or from explicit paths."""
+    if not isinstance(tree, str):
+        return build_tree(tree)
+    if tree == "chain":
+        if draft_length is None or int(draft_length) < 1:
+            raise ValueError(f"tree 'chain' needs draft_length >= 1, got {draft_length!r}")
+        return build_tree(chain_paths(int(draft_length)), name=f"chain{int(draft_length)}")
+    if tree not in NAMED_TREES:
+        raise ValueError(f"unknown tree {tree!r}; valid names: {', '.join(TREE_NAMES)}")
+    return build_tree(NAMED_TREES[tree], name=tree)
+
+
+EMPTY_TREE = _compile("none", ())

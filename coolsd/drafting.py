@@ -1,0 +1,220 @@
+"""Drafters: who proposes the tree each round (METHODS.md 1.1, 1.2 and 4).
+
+``ModelDrafter`` wraps any ``ARModel`` (an EAGLE-1 head, a small AR model, the tabular lab
+model, the target itself) and expands a static tree level by level, sampling each node's
+children without replacement. ``JacobiDrafter`` is SJD's training-free drafter: last
+iteration's target samples plus uniform random tokens. Both return, for every node, its token
+and the conditional draft distribution it was drawn from; verification is shared.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from coolsd.decoding.sampling import sample_inverse_cdf, sample_without_replacement, warp_probs
+from coolsd.decoding.trees import Tree
+from coolsd.protocols import ARModel, StepOut
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Logit warpers applied identically to target and drafter (METHODS.md 0)."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        return warp_probs(logits, self.temperature, self.top_k, self.top_p)
+
+
+@dataclass
+class RoundInfo:
+    """What a drafter may observe after verification."""
+
+    tokens: torch.Tensor  # (B, n+1) tree tokens, node 0 = root
+    path: torch.Tensor  # (B, D) accepted nodes
+    n_accepted: torch.Tensor  # (B,)
+    emitted: torch.Tensor  # (B,) -1 where none
+    target_probs: torch.Tensor  # (B, n+1, V)
+    target_hidden: Optional[torch.Tensor]  # (B, n+1, H)
+
+
+def _gather_nodes(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """x: (B, n, ...) , idx: (B, K) -> (B, K, ...)."""
+    shape = idx.shape + x.shape[2:]
+    flat = idx.reshape(idx.shape[0], -1, *([1] * (x.dim() - 2))).expand(*idx.shape, *x.shape[2:])
+    return torch.gather(x, 1, flat).reshape(shape)
+
+
+class ModelDrafter:
+    """Tree drafting with any AR model; EAGLE-1 feature hand-over when the model uses features.
+
+    Feature convention (EAGLE-1): the drafter input at an entry is (token x_{t+1}, feature f_t),
+    where f_t is the target's hidden state at the entry BEFORE it; inside the drafted tree the
+    parent's drafter output stands in for f_t.
+    """
+
+    def __init__(self, model: ARModel, sampling: SamplingConfig):
+        self.model = model
+        self.sampling = sampling
+        self.forwards = 0
+
+    def begin(self, cond: Any, batch_size: int, first_token: torch.Tensor, target_out: Optional[StepOut]):
+        out = self.model.begin(cond, batch_size, context=target_out)
+        self.ctx_tokens = first_token.unsqueeze(1)
+        feat = None if target_out is None or target_out.hidden is None else target_out.hidden[:, -1:]
+        self.ctx_feats = feat
+        self.ctx_count = torch.ones(batch_size, dtype=torch.long)
+        self.length = torch.zeros(batch_size, dtype=torch.long)  # committed entries
+        del out
+
+    def depth_cap(self, n_out: torch.Tensor) -> Optional[torch.Tensor]:
+        return None
+
+    def propose(self, tree: Tree, rng, needed_depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+        B, C = self.ctx_tokens.shape
+        ar = torch.arange(B)
+        expand_nodes = [i for i in range(tree.n_nodes + 1) if int(tree.n_children()[i]) > 0]
+        V = self.model.vocab_size
+        # a fixed number of uniforms per sample and round, whatever the batch needs
+        u = rng.uniform(max(len(expand_nodes), 1), V)
+
+        pos = self.length.unsqueeze(1) + torch.arange(C)
+        causal = torch.ones(C, C, dtype=torch.bool).tril()
+        out = self.model.forward(self.ctx_tokens, pos, causal, self.ctx_feats)
+        self.forwards += 1
+        self.model.commit(torch.arange(C).expand(B, C), self.ctx_count)
+        last = self.ctx_count - 1
+        self.length = self.length + self.ctx_count
+        root_logits = out.logits[ar, last]
+        root_hidden = None if out.hidden is None else out.hidden[ar, last]
+
+        n1 = tree.n_nodes + 1
+        tokens = torch.zeros(B, n1, dtype=torch.long)
+        tokens[:, 0] = self.ctx_tokens[ar, last]
+        q = torch.zeros(B, n1, V, dtype=root_logits.dtype if root_logits.is_floating_point() else torch.float32)
+        q = q.to(torch.float64) if root_logits.dtype == torch.float64 else q
+        node_probs = {0: self.sampling.probs(root_logits)}
+        node_hidden = {0: root_hidden}
+        forwarded: list[int] = []  # pending tree entries in cache order
+        n_children = tree.n_children()
+        depth_to_draft = min(tree.max_depth, needed_depth)
+        for d in range(depth_to_draft):
+            level = [int(i) for i in tree.level(d)]
+            for i in level:
+                m = int(n_children[i])
+                if m == 0:
+                    continue
+                toks, cond = sample_without_replacement(node_probs[i], u[:, expand_nodes.index(i)], m)
+                for r in range(m):
+                    c = int(tree.children[i, r])
+                    tokens[:, c] = toks[:, r]
+                    q[:, c] = cond[:, r].to(q.dtype)
+            # run the drafter on level d+1 only if some of its nodes will be expanded
+            nxt = [int(c) for c in tree.level(d + 1)]
+            if d + 1 >= depth_to_draft or not any(int(n_children[c]) > 0 for c in nxt):
+                continue
+            P = len(forwarded)
+            allowed = forwarded + nxt
+            attend = tree.ancestors[nxt][:, allowed]
+            parents = tree.parent[nxt]
+            feats = None
+            if node_hidden[0] is not None:
+                feats = torch.stack([node_hidden[int(pp)] for pp in parents], dim=1)
+            pos = (self.length - 1).unsqueeze(1) + tree.depth[nxt].unsqueeze(0)
+            step = self.model.forward(tokens[:, nxt], pos, attend, feats)
+            self.forwards += 1
+            for j, c in enumerate(nxt):
+                node_probs[c] = self.sampling.probs(step.logits[:, j])
+                node_hidden[c] = None if step.hidden is None else step.hidden[:, j]
+            forwarded.extend(nxt)
+            del P
+        return tokens, q
+
+    def observe(self, info: RoundInfo) -> None:
+        B = info.tokens.shape[0]
+        self.model.commit(torch.zeros(B, 0, dtype=torch.long), torch.zeros(B, dtype=torch.long))
+        D = info.path.shape[1]
+        # new context: accepted drafts then the emitted token; features: target hidden at the
+        # entry before each (root, then accepted nodes)
+        acc_tokens = _gather_nodes(info.tokens, info.path.clamp(min=0))  # (B, D)
+        toks = torch.cat([acc_tokens, torch.zeros(B, 1, dtype=torch.long)], dim=1)
+        toks[torch.arange(B), info.n_accepted] = info.emitted.clamp(min=0)
+        self.ctx_tokens = toks[:, : D + 1]
+        self.ctx_count = info.n_accepted + 1
+        if info.target_hidden is not None:
+            prev = torch.cat([torch.zeros(B, 1, dtype=torch.long), info.path.clamp(min=0)], dim=1)
+            self.ctx_feats = _gather_nodes(info.target_hidden, prev)
+        else:
+            self.ctx_feats = None
+
+
+class JacobiDrafter:
+    """SJD's drafter (METHODS.md 4): the window's drafts are the previous iteration's target
+    samples at the positions after the accepted prefix (q = the p they were drawn from), topped
+    up with uniformly random tokens from ``[token_lo, token_hi)`` (q one-hot)."""
+
+    def __init__(self, vocab_size: int, window: int, token_range=None, active_range=None):
+        self.V = vocab_size
+        self.n = window - 1
+        self.lo, self.hi = token_range if token_range is not None else (0, vocab_size)
+        self.active = active_range  # (l, r): Jacobi window only for l <= n_out < r
+        self.forwards = 0
+
+    def begin(self, cond, batch_size, first_token, target_out):
+        self.root = first_token
+        self.carry_tokens = torch.zeros(batch_size, self.n, dtype=torch.long)
+        self.carry_q = None
+        self.carry_count = torch.zeros(batch_size, dtype=torch.long)
+
+    def depth_cap(self, n_out: torch.Tensor) -> Optional[torch.Tensor]:
+        if self.active is None:
+            return None
+        lo, hi = self.active
+        return torch.where((n_out >= lo) & (n_out < hi), self.n, 0)
+
+    def propose(self, tree: Tree, rng, needed_depth: int):
+        B, n = self.carry_tokens.shape[0], self.n
+        u = rng.uniform(2, n)  # row 0: random top-ups, row 1: next iteration's target samples
+        self._u_next = u[:, 1]
+        rand = (self.lo + (u[:, 0] * (self.hi - self.lo)).long()).clamp(max=self.hi - 1)
+        slot = torch.arange(n).unsqueeze(0)
+        carried = slot < self.carry_count.unsqueeze(1)
+        drafts = torch.where(carried, self.carry_tokens, rand)
+        q = torch.nn.functional.one_hot(drafts, self.V).double()
+        if self.carry_q is not None:
+            q = torch.where(carried.unsqueeze(-1), self.carry_q.to(q.dtype), q)
+        tokens = torch.cat([self.root.unsqueeze(1), drafts], dim=1)
+        q = torch.cat([torch.zeros(B, 1, self.V, dtype=q.dtype), q], dim=1)
+        return tokens, q
+
+    def observe(self, info: RoundInfo) -> None:
+        B, n = info.tokens.shape[0], self.n
+        # p at node j (j = 1..n) predicts depth j+1; one sample from each, SJD's y_j
+        p = info.target_probs[:, 1 : n + 1]
+        y = sample_inverse_cdf(p, self._u_next)
+        # the next window (rooted at the emitted token, depth n_acc+1) takes y_{n_acc+1..n}
+        idx = (info.n_accepted.unsqueeze(1) + torch.arange(n)).clamp(max=n - 1)
+        self.carry_count = n - info.n_accepted
+        self.carry_tokens = torch.gather(y, 1, idx)
+        self.carry_q = _gather_nodes(p, idx)
+        self.root = info.emitted.clamp(min=0)
+
+
+def build_drafter(method, draft_model: Optional[ARModel], sampling: SamplingConfig, vocab_size: int,
+                  token_range=None):
+    """The drafter a method asks for: a model drafter, SJD's Jacobi drafter, or none (AR)."""
+    if method.drafter == "none":
+        return None
+    if method.drafter == "jacobi":
+        p = method.params
+        lo = p.get("active_start")
+        hi = p.get("active_end")
+        active = None if lo is None and hi is None else (lo or 0, hi if hi is not None else 1 << 62)
+        return JacobiDrafter(vocab_size, p["window"], token_range, active)
+    if draft_model is None:
+        raise ValueError(f"method {method.name!r} needs a drafter model; none is configured")
+    return ModelDrafter(draft_model, sampling)

@@ -1,0 +1,159 @@
+"""The one generation loop (METHODS.md 1.3, 4): every discrete method runs through here.
+
+Round: the drafter proposes a tree rooted at the last emitted token; ONE target forward scores
+the root and every node under the tree mask; ``verify_tree`` walks it with the method's rule;
+the target commits the root and the accepted path; the drafter observes the result.
+Plain AR is the same loop with the empty tree (tau = 1).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+
+from coolsd.decoding.rules import Rule
+from coolsd.decoding.trees import EMPTY_TREE, Tree
+from coolsd.decoding.verify import verify_tree
+from coolsd.drafting import RoundInfo, SamplingConfig
+from coolsd.protocols import ARModel
+
+
+@dataclass
+class GenerationResult:
+    tokens: torch.Tensor  # (B, N)
+    round_lengths: list[list[int]]  # per sample: tokens emitted in each round
+    target_forwards: list[int]  # per sample: target forwards incl. prefill
+    draft_forwards: int  # drafter forwards for the whole batch
+    seconds: float  # wall time of the loop (prefill included, decoding to pixels excluded)
+    first_from_prefill: bool = True
+    extra: dict = field(default_factory=dict)
+
+    def accepted_length(self, b: int) -> float:
+        """tau: mean tokens per verification round (METHODS.md 0)."""
+        r = self.round_lengths[b]
+        return sum(r) / len(r) if r else float("nan")
+
+
+def speculative_generate(
+    target: ARModel,
+    n_tokens: int,
+    rng,
+    *,
+    rule: Optional[Rule] = None,
+    drafter=None,
+    tree: Tree = EMPTY_TREE,
+    sampling: SamplingConfig = SamplingConfig(),
+    cond: Any = None,
+    batch_size: int = 1,
+    bos_token: Optional[int] = None,
+    sync: Callable[[], None] = lambda: None,
+) -> GenerationResult:
+    """Generate ``n_tokens`` per sample.
+
+    If ``bos_token`` is None the first token is sampled from the prefill output and is not a
+    round (EAGLE/LANTERN convention); otherwise the first round is rooted at ``bos_token``
+    (the theory lab: generation from the empty prefix, every token from a round).
+    ``rng`` gives uniforms per sample (``coolsd.decoding.rng``).
+    """
+    if n_tokens < 1:
+        raise ValueError(f"n_tokens must be >= 1, got {n_tokens}")
+    if drafter is None:
+        tree = EMPTY_TREE
+    if rule is None and tree.n_nodes > 0:
+        raise ValueError("a drafted tree needs an acceptance rule")
+    B = batch_size
+    ar = torch.arange(B)
+    sync()
+    t0 = time.perf_counter()
+    prefill = target.begin(cond, B)
+    forwards = torch.ones(B, dtype=torch.long) if prefill is not None else torch.zeros(B, dtype=torch.long)
+    out = torch.zeros(B, n_tokens, dtype=torch.long)
+    n_out = torch.zeros(B, dtype=torch.long)
+    if bos_token is None:
+        if prefill is None:
+            raise ValueError("a target without a condition needs bos_token")
+        u0 = rng.uniform(1)[:, 0]
+        from coolsd.decoding.sampling import sample_inverse_cdf
+
+        root = sample_inverse_cdf(sampling.probs(prefill.logits[:, -1]), u0)
+        out[:, 0] = root
+        n_out += 1
+    else:
+        root = torch.full((B,), int(bos_token), dtype=torch.long)
+    if drafter is not None:
+        drafter.begin(cond, B, root, prefill)
+    buf = torch.zeros(B, n_tokens + tree.max_depth + 2, dtype=torch.long)
+    buf[:, : out.shape[1]] = out
+    round_log: list[torch.Tensor] = []
+    t_len = torch.zeros(B, dtype=torch.long)  # committed target entries after the condition
+    n1 = tree.n_nodes + 1
+    while bool((n_out < n_tokens).any()):
+        active = n_out < n_tokens
+        remaining = n_tokens - n_out
+        max_depth = torch.clamp(remaining, max=tree.max_depth) if tree.n_nodes else torch.zeros_like(remaining)
+        cap = drafter.depth_cap(n_out) if drafter is not None else None
+        if cap is not None:
+            max_depth = torch.minimum(max_depth, cap)
+        max_depth = torch.where(active, max_depth, torch.zeros_like(max_depth))
+        u_accept = rng.uniform(n1)
+        u_emit = rng.uniform(1)[:, 0]
+        if drafter is not None:
+            tokens, q = drafter.propose(tree, rng, int(max_depth.max()))
+        else:
+            tokens, q = root.unsqueeze(1), None
+        positions = t_len.unsqueeze(1) + tree.depth.unsqueeze(0)
+        step = target.forward(tokens, positions, tree.ancestors, None)
+        forwards += active.long()
+        p = sampling.probs(step.logits)
+        if q is None:
+            q = torch.zeros_like(p)
+        verdict = verify_tree(
+            p, q.to(p.dtype), tokens, tree, rule or _NO_RULE, u_accept, u_emit, max_depth,
+            emit_allowed_after=remaining,
+        )
+        keep = torch.cat([torch.zeros(B, 1, dtype=torch.long), verdict.path.clamp(min=0)], dim=1)
+        n_keep = torch.where(active, verdict.n_accepted + 1, torch.zeros_like(verdict.n_accepted))
+        target.commit(keep, n_keep)
+        t_len += n_keep
+        # append accepted drafts then the emitted token at each sample's end
+        D = verdict.path.shape[1]
+        vals = torch.cat([tokens.gather(1, verdict.path.clamp(min=0)), torch.zeros(B, 1, dtype=torch.long)], 1)
+        vals.scatter_(1, verdict.n_accepted.unsqueeze(1), verdict.emitted.clamp(min=0).unsqueeze(1))
+        n_new = verdict.n_accepted + (verdict.emitted >= 0).long()
+        n_new = torch.where(active, n_new, torch.zeros_like(n_new))
+        cols = torch.arange(D + 1).unsqueeze(0)
+        write = cols < n_new.unsqueeze(1)
+        where = torch.where(write, n_out.unsqueeze(1) + cols, n_tokens + D)  # dump column
+        buf.scatter_(1, where, torch.where(write, vals, 0))
+        n_out += n_new
+        round_log.append(torch.where(active, n_new, -1))
+        if drafter is not None:
+            drafter.observe(
+                RoundInfo(tokens, verdict.path, verdict.n_accepted, verdict.emitted, p, step.hidden)
+            )
+        root = torch.where(verdict.emitted >= 0, verdict.emitted, root)
+    sync()
+    seconds = time.perf_counter() - t0
+    out = buf[:, :n_tokens]
+    log = torch.stack(round_log, 1).tolist() if round_log else [[] for _ in range(B)]
+    rounds = [[n for n in row if n >= 0] for row in log]
+    return GenerationResult(
+        tokens=out,
+        round_lengths=rounds,
+        target_forwards=forwards.tolist(),
+        draft_forwards=getattr(drafter, "forwards", 0),
+        seconds=seconds,
+        first_from_prefill=bos_token is None,
+    )
+
+
+class _NoRule(Rule):
+    name = "none"
+
+    def numerator(self, p_res, depth):  # never called: the empty tree has no siblings
+        return p_res
+
+
+_NO_RULE = _NoRule()

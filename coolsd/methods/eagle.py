@@ -1,0 +1,8 @@
+"""EAGLE-1: lossless static-tree speculative sampling (METHODS.md 1.3, a_j = p_res)."""
+from coolsd.decoding.rules import ExactRule
+from coolsd.methods.registry import register_method
+
+
+@register_method("eagle")
+def eagle(ctx):
+    return ExactRule(), "model", None

@@ -1,0 +1,1 @@
+"""Model adapters implementing ``coolsd.protocols.ARModel`` and their shared KV cache."""

@@ -1,0 +1,157 @@
+"""A static per-layer KV cache with per-sample committed lengths and tree-shaped pending entries.
+
+Layout of sample b in every layer's buffer (B, H, max_len, head_dim):
+
+    slots [0, length[b])                    committed entries, in sequence order
+    slots [length[b], length[b] + n_pending) pending entries, in the order forwards added them
+    slots beyond                            free (stale values, never attended)
+
+Invariants:
+* ``n_pending`` is shared by the batch (every forward appends the same m entries to every
+  sample); committed lengths may differ per sample.
+* A committed slot is visible to every later query unless ``hidden_slots`` marks it (e.g. text
+  padding); a pending entry is visible to a query only where the caller's ``attend`` says so.
+* ``commit`` leaves no pending entries.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class CacheStep:
+    """What one forward of m new tokens needs in every layer."""
+
+    mask: torch.Tensor  # (B, 1, m, span) bool, True = attend
+    slots: torch.Tensor  # (B, m) long, where the new entries are written
+    span: int  # attention runs over slots [0, span) only
+
+
+class KVCache:
+    def __init__(
+        self,
+        n_layers: int,
+        batch_size: int,
+        n_heads: int,
+        head_dim: int,
+        max_len: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ):
+        shape = (batch_size, n_heads, max_len, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.batch_size = batch_size
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.reset()
+
+    @property
+    def max_len(self) -> int:
+        return self.k[0].shape[2]
+
+    def matches(self, n_layers: int, batch_size: int, n_heads: int, head_dim: int, dtype, device) -> bool:
+        """Whether this cache can be reused (after ``reset``) for the given shape."""
+        return (
+            len(self.k) == n_layers
+            and self.k[0].shape[:2] == (batch_size, n_heads)
+            and self.k[0].shape[3] == head_dim
+            and self.dtype == dtype
+            and self.device == torch.device(device)
+        )
+
+    def reset(self) -> None:
+        B = self.batch_size
+        self.length = torch.zeros(B, dtype=torch.long, device=self.device)
+        self.hidden_slots = torch.zeros(B, self.max_len, dtype=torch.bool, device=self.device)
+        self.n_pending = 0
+        self._max_committed = 0  # host copy of int(length.max()), refreshed by commit
+
+    # ------------------------------------------------------------------ forward side
+    def prepare(self, attend: torch.Tensor, m: int) -> CacheStep:
+        """Mask and write slots for m new tokens. ``attend``: (m, P+m) or (B, m, P+m) bool over
+        the existing pending entries then the new ones (P = ``n_pending``)."""
+        B, P = self.batch_size, self.n_pending
+        attend = attend.to(device=self.device, dtype=torch.bool)
+        if attend.shape[-2:] != (m, P + m):
+            raise ValueError(f"attend must be (.., {m}, {P + m}), got {tuple(attend.shape)}")
+        span = self._max_committed + P + m
+        if span > self.max_len:
+            self._grow(span)
+        slot = torch.arange(span, device=self.device)
+        rel = slot.unsqueeze(0) - self.length.unsqueeze(1)  # (B, span): pending index of slot
+        committed = (rel < 0) & ~self.hidden_slots[:, :span]
+        in_pending = (rel >= 0) & (rel < P + m)
+        att = attend.expand(B, m, P + m)
+        idx = rel.clamp(0, P + m - 1).unsqueeze(1).expand(B, m, span)
+        pending = torch.gather(att, 2, idx) & in_pending.unsqueeze(1)
+        mask = (committed.unsqueeze(1) | pending).unsqueeze(1)
+        slots = self.length.unsqueeze(1) + P + torch.arange(m, device=self.device)
+        return CacheStep(mask=mask, slots=slots, span=span)
+
+    def attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: CacheStep
+    ) -> torch.Tensor:
+        """Write the new k, v (B, H, m, D) as pending entries of ``layer`` and attend q (B, H, m, D)."""
+        idx = step.slots[:, None, :, None].expand_as(k)
+        self.k[layer].scatter_(2, idx, k)
+        self.v[layer].scatter_(2, idx, v)
+        keys = self.k[layer][:, :, : step.span]
+        values = self.v[layer][:, :, : step.span]
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=step.mask)
+
+    def advance(self, m: int) -> None:
+        """Call once after all layers attended a step of m tokens."""
+        self.n_pending += m
+
+    # ------------------------------------------------------------------ round end
+    def commit(self, keep: torch.Tensor, n_keep: torch.Tensor, hide: Optional[torch.Tensor] = None) -> None:
+        """Append pending entries ``keep[b, :n_keep[b]]`` (in that order) to sample b's committed
+        region and drop all pending entries. ``hide`` (B, K) bool marks kept entries that later
+        queries must not see."""
+        B, P = self.batch_size, self.n_pending
+        keep = keep.to(self.device, torch.long)
+        n_keep = n_keep.to(self.device, torch.long)
+        if bool(((n_keep < 0) | (n_keep > P) | (n_keep > keep.shape[1])).any()):
+            raise ValueError(f"n_keep must lie in [0, min({P} pending, {keep.shape[1]} keep columns)]")
+        K = min(keep.shape[1], P)  # n_keep <= P, so columns beyond P are never kept
+        if K > 0:
+            j = torch.arange(K, device=self.device)
+            valid = j.unsqueeze(0) < n_keep.unsqueeze(1)  # (B, K)
+            src = self.length.unsqueeze(1) + keep[:, :K].clamp(0, P - 1)
+            dst = self.length.unsqueeze(1) + j  # distinct per row, < length + P <= max_len
+            for buf in (*self.k, *self.v):
+                H, D = buf.shape[1], buf.shape[3]
+                src_i = src[:, None, :, None].expand(B, H, K, D)
+                dst_i = dst[:, None, :, None].expand(B, H, K, D)
+                moved = torch.gather(buf, 2, src_i)  # a copy, so src/dst overlap is safe
+                old = torch.gather(buf, 2, dst_i)
+                buf.scatter_(2, dst_i, torch.where(valid[:, None, :, None], moved, old))
+            if hide is None:
+                h = torch.zeros(B, K, dtype=torch.bool, device=self.device)
+            else:
+                h = hide[:, :K].to(self.device, torch.bool)
+            old_h = torch.gather(self.hidden_slots, 1, dst)
+            self.hidden_slots.scatter_(1, dst, torch.where(valid, h, old_h))
+        self.length = self.length + n_keep
+        self.n_pending = 0
+        self._max_committed = int(self.length.max()) if B else 0
+
+    # ------------------------------------------------------------------ capacity
+    def _grow(self, needed: int) -> None:
+        """Reallocate every buffer to hold ``needed`` slots (rounded up to a multiple of 64)."""
+        new_len = -(-needed // 64) * 64
+        extra = new_len - self.max_len
+
+        def pad(t: torch.Tensor) -> torch.Tensor:
+            z = torch.zeros(*t.shape[:2], extra, *t.shape[3:], dtype=t.dtype, device=t.device)
+            return torch.cat([t, z], dim=2)
+
+        self.k = [pad(t) for t in self.k]
+        self.v = [pad(t) for t in self.v]
+        free = torch.zeros(self.batch_size, extra, dtype=torch.bool, device=self.device)
+        self.hidden_slots = torch.cat([self.hidden_slots, free], dim=1)

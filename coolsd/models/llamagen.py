@@ -1,0 +1,347 @@
+"""LlamaGen text-to-image GPT (FoundationVision/LlamaGen, ``autoregressive/models/gpt.py``) as an
+``ARModel`` target.
+
+``LlamaGenGPT`` has the upstream parameter layout (state-dict keys load 1:1, ``strict=True``)
+and the upstream numerics of the inference path:
+
+* RMSNorm and RoPE run in at least fp32 (fp64 stays fp64), logits are at least fp32;
+* 2D RoPE: head_dim splits into two halves of complex pairs; the first half rotates with the
+  grid row of the image-token index, the second with the grid column (base ``rope_base``);
+* the ``cls_token_num`` text-condition slots get an ALL-ZERO (cos, sin), so their queries and
+  keys are zero vectors (upstream behaviour the checkpoints are trained with; not identity);
+* text slot i attends valid text slots j <= i plus itself (the diagonal is forced on so padded
+  rows are never empty); image tokens attend every valid text slot and their image prefix;
+  both CFG halves use the same text mask.
+
+Sequence layout: text slots 0..T-1, then image token j at sequence index T + j; the output at
+image token j predicts token j + 1, the output at text slot T-1 predicts image token 0.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from coolsd.decoding.sampling import cfg_combine
+from coolsd.models.kv_cache import CacheStep, KVCache
+from coolsd.protocols import StepOut
+
+
+# ---------------------------------------------------------------------------------------- config
+@dataclass(frozen=True)
+class LlamaGenConfig:
+    dim: int
+    n_layer: int
+    n_head: int
+    vocab_size: int = 16384
+    cls_token_num: int = 120
+    caption_dim: int = 2048
+    block_size: int = 256  # image tokens; a square grid (256 at 256 px, 1024 at 512 px)
+    norm_eps: float = 1e-5
+    rope_base: float = 10000.0
+    multiple_of: int = 256
+    ffn_dim_multiplier: Optional[float] = None
+
+    def __post_init__(self):
+        if self.dim % self.n_head:
+            raise ValueError(f"dim {self.dim} is not a multiple of n_head {self.n_head}")
+        if self.head_dim % 4:
+            raise ValueError(f"2D RoPE needs head_dim divisible by 4, got {self.head_dim}")
+        if self.grid_size**2 != self.block_size:
+            raise ValueError(f"block_size {self.block_size} is not a square grid")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_head
+
+    @property
+    def grid_size(self) -> int:
+        return round(self.block_size**0.5)
+
+    @property
+    def ffn_hidden(self) -> int:
+        hidden = int(2 * 4 * self.dim / 3)
+        if self.ffn_dim_multiplier is not None:
+            hidden = int(self.ffn_dim_multiplier * hidden)
+        return -(-hidden // self.multiple_of) * self.multiple_of
+
+
+# LlamaGen-XL t2i (775M). Stage-1 checkpoint: 256 px, 16x16 grid; stage 2: 512 px, 32x32 grid.
+GPT_XL = LlamaGenConfig(dim=1280, n_layer=36, n_head=20)
+GPT_XL_512 = replace(GPT_XL, block_size=1024)
+
+
+def tiny(**overrides) -> LlamaGenConfig:
+    """A small config for CPU tests."""
+    base = dict(
+        dim=64, n_layer=2, n_head=4, vocab_size=64, cls_token_num=8, caption_dim=16,
+        block_size=16, multiple_of=16,
+    )
+    base.update(overrides)
+    return LlamaGenConfig(**base)
+
+
+# ---------------------------------------------------------------------------------------- RoPE
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Norms and RoPE run in fp32 as upstream, or in fp64 when the model is fp64."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def rope_2d(
+    positions: torch.Tensor, cfg: LlamaGenConfig, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin), each (B, m, head_dim // 2), for image-token indices ``positions`` (B, m).
+
+    Equal to upstream's ``precompute_freqs_cis_2d`` row T + j for index j < block_size (the same
+    fp32 operations); indices past the grid continue the row-major formula.
+    """
+    half = cfg.head_dim // 2
+    exponents = torch.arange(0, half, 2, device=positions.device)[: half // 2].to(dtype) / half
+    freqs = 1.0 / (cfg.rope_base**exponents)
+    g = cfg.grid_size
+    row = (positions // g).to(dtype).unsqueeze(-1) * freqs
+    col = (positions % g).to(dtype).unsqueeze(-1) * freqs
+    angles = torch.cat([row, col], dim=-1)
+    return torch.cos(angles), torch.sin(angles)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, m, H, D) rotated pairwise (x[2i], x[2i+1]) by (cos, sin) (B, m, D/2)."""
+    xs = x.to(cos.dtype).reshape(*x.shape[:-1], -1, 2)
+    c, s = cos.unsqueeze(2), sin.unsqueeze(2)
+    out = torch.stack([xs[..., 0] * c - xs[..., 1] * s, xs[..., 1] * c + xs[..., 0] * s], dim=-1)
+    return out.flatten(3).to(x.dtype)
+
+
+# ---------------------------------------------------------------------------------------- modules
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.to(_compute_dtype(x.dtype))
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.to(x.dtype) * self.weight
+
+
+class CaptionMLP(nn.Module):
+    def __init__(self, in_features: int, hidden: int):
+        super().__init__()
+        self.fc1 = nn.Linear(in_features, hidden, bias=False)
+        self.act = nn.GELU(approximate="tanh")
+        self.fc2 = nn.Linear(hidden, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class CaptionEmbedder(nn.Module):
+    """Projects T5 caption features; ``uncond_embedding`` is the learned null caption (a
+    persistent buffer, so it is in the state dict)."""
+
+    def __init__(self, cfg: LlamaGenConfig):
+        super().__init__()
+        self.cap_proj = CaptionMLP(cfg.caption_dim, cfg.dim)
+        null = torch.randn(cfg.cls_token_num, cfg.caption_dim) / cfg.caption_dim**0.5
+        self.register_buffer("uncond_embedding", null)
+
+    def forward(self, caption: torch.Tensor) -> torch.Tensor:
+        return self.cap_proj(caption)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: LlamaGenConfig):
+        super().__init__()
+        self.w1 = nn.Linear(cfg.dim, cfg.ffn_hidden, bias=False)
+        self.w3 = nn.Linear(cfg.dim, cfg.ffn_hidden, bias=False)
+        self.w2 = nn.Linear(cfg.ffn_hidden, cfg.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LlamaGenConfig):
+        super().__init__()
+        self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
+        self.wqkv = nn.Linear(cfg.dim, 3 * cfg.dim, bias=False)  # fused [q; k; v], plain MHA
+        self.wo = nn.Linear(cfg.dim, cfg.dim, bias=False)
+
+    def forward(self, x, cos, sin, cache: KVCache, layer: int, step: CacheStep) -> torch.Tensor:
+        B, m, dim = x.shape
+        q, k, v = (t.view(B, m, self.n_head, self.head_dim) for t in self.wqkv(x).split(dim, dim=-1))
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = cache.attend(layer, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), step)
+        return self.wo(out.transpose(1, 2).reshape(B, m, dim))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, cfg: LlamaGenConfig):
+        super().__init__()
+        self.attention = Attention(cfg)
+        self.feed_forward = FeedForward(cfg)
+        self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+
+    def forward(self, x, cos, sin, cache: KVCache, layer: int, step: CacheStep) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin, cache, layer, step)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class LlamaGenGPT(nn.Module):
+    """The t2i ``Transformer`` of upstream LlamaGen, inference only (no dropout modules; they
+    hold no parameters). The RoPE table is computed on the fly and is not in the state dict."""
+
+    def __init__(self, cfg: LlamaGenConfig, init_std: float = 0.02):
+        super().__init__()
+        self.config = cfg
+        self.cls_embedding = CaptionEmbedder(cfg)
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layer))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        for mod in self.modules():
+            if isinstance(mod, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(mod.weight, std=init_std)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.tok_embeddings.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.tok_embeddings.weight.device
+
+    def run(self, h, cos, sin, cache: KVCache, attend: torch.Tensor) -> torch.Tensor:
+        """Input embeddings h (B, m, dim) -> hidden after the final norm; the m entries become
+        pending in ``cache``, each attending committed entries and the pending ones ``attend``
+        allows ((m, P+m) or (B, m, P+m))."""
+        step = cache.prepare(attend, h.shape[1])
+        for i, layer in enumerate(self.layers):
+            h = layer(h, cos, sin, cache, i, step)
+        cache.advance(h.shape[1])
+        return self.norm(h)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        out = self.output(hidden)
+        return out.to(_compute_dtype(out.dtype))
+
+    def load_upstream(self, checkpoint: Mapping[str, Any]) -> None:
+        """Strictly load an upstream checkpoint (``{"model"|"module"|"state_dict": sd}`` or a bare
+        state dict); upstream's own loader uses strict=False, which hides key mismatches."""
+        for key in ("model", "module", "state_dict"):
+            if key in checkpoint and isinstance(checkpoint[key], Mapping):
+                checkpoint = checkpoint[key]
+                break
+        self.load_state_dict(checkpoint, strict=True)
+
+
+# ---------------------------------------------------------------------------------------- target
+class LlamaGenTarget:
+    """``ImageTarget`` over a ``LlamaGenGPT``, with classifier-free guidance by batch doubling.
+
+    Internally the batch is [cond half; uncond half] (upstream order) when ``cfg_scale != 1``;
+    both halves always hold the same tokens, positions and committed lengths. Returned logits
+    are CFG-combined; returned hidden states are the cond half's, after the final norm.
+    ``cond`` for ``begin``: ``{"caption_embs": (B, T, caption_dim), "emb_mask": (B, T) bool}``,
+    left padded (valid slots at the end), T = ``cls_token_num``.
+    """
+
+    def __init__(
+        self,
+        model: LlamaGenGPT,
+        cfg_scale: float = 7.5,
+        decoder: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+        cache_headroom: int = 64,
+    ):
+        self.model = model.eval()
+        self.cfg_scale = float(cfg_scale)
+        self.decoder = decoder
+        self.cache_headroom = cache_headroom  # pending slots preallocated past the full sequence
+        cfg = model.config
+        self.vocab_size = cfg.vocab_size
+        self.n_image_tokens = cfg.block_size
+        self.cache: Optional[KVCache] = None
+        self.batch_size = 0
+
+    @property
+    def guided(self) -> bool:
+        return self.cfg_scale != 1.0
+
+    def _double(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x, x]) if self.guided else x
+
+    def _new_cache(self, n: int) -> KVCache:
+        cfg, m = self.model.config, self.model
+        shape = (cfg.n_layer, n, cfg.n_head, cfg.head_dim, m.dtype, m.device)
+        if self.cache is not None and self.cache.matches(*shape):
+            self.cache.reset()
+            return self.cache
+        max_len = -(-(cfg.cls_token_num + cfg.block_size + self.cache_headroom) // 8) * 8
+        return KVCache(cfg.n_layer, n, cfg.n_head, cfg.head_dim, max_len, m.dtype, m.device)
+
+    def _out(self, hidden: torch.Tensor) -> StepOut:
+        logits = self.model.logits(hidden)
+        B = self.batch_size
+        if self.guided:
+            logits = cfg_combine(logits[:B], logits[B:], self.cfg_scale)
+        return StepOut(logits=logits, hidden=hidden[:B])
+
+    @torch.no_grad()
+    def begin(self, cond: Any, batch_size: int, context: Optional[StepOut] = None) -> StepOut:
+        cfg, model = self.model.config, self.model
+        caption, mask = cond["caption_embs"], cond["emb_mask"]
+        T = cfg.cls_token_num
+        if caption.shape != (batch_size, T, cfg.caption_dim) or mask.shape != (batch_size, T):
+            raise ValueError(
+                f"expected caption_embs {(batch_size, T, cfg.caption_dim)} and emb_mask {(batch_size, T)}, "
+                f"got {tuple(caption.shape)} and {tuple(mask.shape)}"
+            )
+        self.batch_size = batch_size
+        mask = mask.to(model.device, torch.bool)
+        x = caption.to(model.device, model.dtype) * mask.unsqueeze(-1)  # padded slots zeroed, as upstream
+        if self.guided:
+            x = torch.cat([x, model.cls_embedding.uncond_embedding.to(x.dtype).expand(batch_size, -1, -1)])
+        mask = self._double(mask)
+        n = mask.shape[0]
+        self.cache = self._new_cache(n)
+        causal = torch.ones(T, T, dtype=torch.bool, device=model.device).tril()
+        eye = torch.eye(T, dtype=torch.bool, device=model.device)
+        attend = (causal & mask.unsqueeze(1)) | eye  # (n, T, T): valid earlier slots and itself
+        zeros = torch.zeros(n, T, cfg.head_dim // 2, dtype=_compute_dtype(model.dtype), device=model.device)
+        hidden = model.run(model.cls_embedding(x), zeros, zeros, self.cache, attend)
+        keep = torch.arange(T, device=model.device).expand(n, T)
+        self.cache.commit(keep, torch.full((n,), T, device=model.device), hide=~mask)
+        return self._out(hidden[:, -1:])
+
+    @torch.no_grad()
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        attend: torch.Tensor,
+        features: Optional[torch.Tensor] = None,
+    ) -> StepOut:
+        """tokens, positions: (B, m); positions are image-token indices (token j predicts j+1)."""
+        if self.cache is None:
+            raise RuntimeError("call begin() first")
+        model = self.model
+        tokens = self._double(tokens.to(model.device))
+        positions = self._double(positions.to(model.device))
+        cos, sin = rope_2d(positions, model.config, _compute_dtype(model.dtype))
+        hidden = model.run(model.tok_embeddings(tokens), cos, sin, self.cache, attend)
+        return self._out(hidden)
+
+    @torch.no_grad()
+    def commit(self, keep: torch.Tensor, n_keep: torch.Tensor) -> None:
+        self.cache.commit(self._double(keep), self._double(n_keep))
+
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.decoder is None:
+            raise RuntimeError("LlamaGenTarget was built without a VQ decoder")
+        return self.decoder(tokens)

@@ -1,0 +1,31 @@
+"""``run(cfg)``: the package entry behind ``run.py`` (Hydra composes cfg; tests call this)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+
+def method_from_cfg(cfg: DictConfig) -> tuple[str, dict]:
+    m = OmegaConf.to_container(cfg.method, resolve=True)
+    name = m.pop("name")
+    return name, m
+
+
+def output_dir(cfg: DictConfig) -> Path:
+    if cfg.get("out_dir"):
+        return Path(cfg.out_dir)
+    from hydra.core.hydra_config import HydraConfig
+
+    return Path(HydraConfig.get().runtime.output_dir)
+
+
+def run(cfg: DictConfig) -> dict:
+    name, params = method_from_cfg(cfg)
+    tree, draft_length = cfg.tree.name, cfg.tree.get("draft_length")
+    kind = cfg.target.kind
+    if kind == "tabular":
+        from coolsd.theory.job import run_lab
+
+        return run_lab(cfg, name, params, tree, draft_length, output_dir(cfg))
+    raise ValueError(f"unknown target kind {kind!r}; valid: tabular")

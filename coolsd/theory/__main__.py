@@ -1,0 +1,3 @@
+from coolsd.theory.sweep import main
+
+main()

@@ -1,0 +1,125 @@
+"""Exact output distribution and expected rounds of chain speculative decoding on tabular
+models: the test oracle. Written directly from METHODS.md 1.3 and 3 in numpy, sharing no
+decoding code with the production engine (only the omega schedule formula and the neighbour
+table, which are data).
+
+Lab protocol (issue #2): generation starts from the empty prefix; each round drafts
+L' = min(L, N - |prefix|) tokens along a chain; a fully accepted round emits a bonus token only
+if there is room.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+
+import numpy as np
+
+
+def _norm(v, fallback):
+    s = v.sum()
+    return v / s if s > 1e-12 else fallback
+
+
+def _aggregate(p, nb, x, k, lam, delta):
+    """LANTERN p~(x) and whether m* exists (METHODS.md 3), by explicit loop."""
+    budget = (lam - 1) * p[x] if lam is not None else delta
+    c, c_star, relaxed = 0.0, 0.0, False
+    for m in range(k):
+        c += p[nb[x, m]]
+        if c <= budget:
+            c_star, relaxed = c, True
+    return p[x] + c_star, relaxed
+
+
+class ChainOracle:
+    def __init__(self, target, draft, method: str, params: dict, omega, neighbours, L: int):
+        self.P, self.Q = target, draft
+        self.V, self.N, self.L = target.V, target.N, L
+        self.method, self.params = method, params
+        self.omega = None if omega is None else np.asarray(omega, dtype=np.float64)
+        self.nb = None if neighbours is None else np.asarray(neighbours)
+
+    @functools.lru_cache(maxsize=None)
+    def step(self, c: tuple, d: int):
+        """(continue weights q(x) f(x), emission mass sum_x q(x)(1-f(x)) Norm(r_x)) at chain
+        prefix c and depth d."""
+        p, q, V = self.P.probs(c), self.Q.probs(c), self.V
+        m = self.method
+        if m == "eagle":
+            a = p.copy()
+        elif m in ("uniform_rsd", "coolsd"):
+            a = self.omega[d - 1] * p
+        elif m in ("lantern", "lantern_pp"):
+            k = self.params["k"]
+            lam = self.params.get("lam") if m == "lantern_pp" else None
+            delta = self.params.get("delta") if m == "lantern" else None
+            agg = [_aggregate(p, self.nb, x, k, lam, delta) for x in range(V)]
+            a = np.array([t[0] for t in agg])
+            relaxed = [t[1] for t in agg]
+        else:
+            raise ValueError(f"exact_stats does not support method {m!r}")
+        f = np.where(q > 0, np.minimum(1.0, a / np.where(q > 0, q, 1.0)), 0.0)
+        cont = q * f
+        if m in ("lantern", "lantern_pp") and self.params.get("resample", "lantern") == "lantern":
+            emis = np.zeros(V)
+            for x in range(V):
+                if q[x] * (1 - f[x]) <= 0:
+                    continue
+                qx = q.copy()
+                if relaxed[x]:
+                    qx[self.nb[x, : self.params["k"] + 1]] = 0.0
+                emis += q[x] * (1 - f[x]) * _norm(np.maximum(p - qx, 0.0), p)
+        else:
+            beta = float((q * (1 - f)).sum())
+            emis = beta * _norm(np.maximum(p - np.minimum(q, a), 0.0), p)
+        return cont, emis
+
+    def round_outcomes(self, s: tuple):
+        """[(prefix after the round, probability)] for one round started at prefix s."""
+        Lp = min(self.L, self.N - len(s))
+        out: dict[tuple, float] = {}
+
+        def rec(c, d, w):
+            if d > Lp:
+                if len(c) < self.N:
+                    for y, py in enumerate(self.P.probs(c)):
+                        if py > 0:
+                            out[c + (y,)] = out.get(c + (y,), 0.0) + w * py
+                else:
+                    out[c] = out.get(c, 0.0) + w
+                return
+            cont, emis = self.step(c, d)
+            for x in range(self.V):
+                if cont[x] > 0:
+                    rec(c + (x,), d + 1, w * cont[x])
+                if emis[x] > 0:
+                    out[c + (x,)] = out.get(c + (x,), 0.0) + w * emis[x]
+
+        rec(s, 1, 1.0)
+        return out
+
+    def solve(self):
+        """(distribution over length-N sequences in lexicographic order, expected rounds)."""
+        V, N = self.V, self.N
+        dist: dict[tuple, np.ndarray] = {}
+        rounds: dict[tuple, float] = {}
+        for n in range(N, -1, -1):
+            for s in itertools.product(range(V), repeat=n):
+                if n == N:
+                    v = np.zeros(V**N)
+                    v[_index(s, V)] = 1.0
+                    dist[s], rounds[s] = v, 0.0
+                    continue
+                v, e = np.zeros(V**N), 1.0
+                for s2, w in self.round_outcomes(s).items():
+                    v += w * dist[s2]
+                    e += w * rounds[s2]
+                dist[s], rounds[s] = v, e
+        return dist[()], rounds[()]
+
+
+def _index(seq, V):
+    i = 0
+    for t in seq:
+        i = i * V + int(t)
+    return i
