@@ -20,6 +20,11 @@ T, N = CFG.cls_token_num, CFG.block_size
 
 
 # ------------------------------------------------------------------------------ fixtures
+def cond_half(hidden: torch.Tensor) -> torch.Tensor:
+    """Guided targets return (B, m, 2, H) = [cond, uncond]; unguided (B, m, H)."""
+    return hidden[:, :, 0] if hidden.dim() == 4 else hidden
+
+
 def make_model(seed: int = 0) -> LlamaGenGPT:
     torch.manual_seed(seed)
     model = LlamaGenGPT(CFG, init_std=0.15).double()
@@ -127,13 +132,13 @@ def test_prefill_then_token_by_token_matches_full_forward(cfg_scale):
     assert out.logits.shape == (2, 1, CFG.vocab_size) and out.logits.dtype == torch.float64
     for b, (lr, hr) in enumerate(refs):
         close(out.logits[b, 0], lr[T - 1])
-        close(out.hidden[b, 0], hr[T - 1])
+        close(cond_half(out.hidden)[b, 0], hr[T - 1])
     one = torch.ones(1, 1, dtype=torch.bool)
     for j in range(N):
         step = target.forward(tokens[:, j : j + 1], torch.full((2, 1), j), one)
         for b, (lr, hr) in enumerate(refs):
             close(step.logits[b, 0], lr[T + j])
-            close(step.hidden[b, 0], hr[T + j])
+            close(cond_half(step.hidden)[b, 0], hr[T + j])
         target.commit(torch.zeros(2, 1, dtype=torch.long), torch.ones(2, dtype=torch.long))
 
 

@@ -247,7 +247,8 @@ class LlamaGenTarget:
 
     Internally the batch is [cond half; uncond half] (upstream order) when ``cfg_scale != 1``;
     both halves always hold the same tokens, positions and committed lengths. Returned logits
-    are CFG-combined; returned hidden states are the cond half's, after the final norm.
+    are CFG-combined; returned hidden states (after the final norm) are (B, m, H), or
+    (B, m, 2, H) = [cond, uncond] halves when guided.
     ``cond`` for ``begin``: ``{"caption_embs": (B, T, caption_dim), "emb_mask": (B, T) bool}``,
     left padded (valid slots at the end), T = ``cls_token_num``.
     """
@@ -290,7 +291,9 @@ class LlamaGenTarget:
         B = self.batch_size
         if self.guided:
             logits = cfg_combine(logits[:B], logits[B:], self.cfg_scale)
-        return StepOut(logits=logits, hidden=hidden[:B])
+            # EAGLE drafters run their own CFG: hand over both halves, (B, m, 2, H)
+            return StepOut(logits=logits, hidden=torch.stack([hidden[:B], hidden[B:]], dim=2))
+        return StepOut(logits=logits, hidden=hidden)
 
     @torch.no_grad()
     def begin(self, cond: Any, batch_size: int, context: Optional[StepOut] = None) -> StepOut:
