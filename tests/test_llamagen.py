@@ -334,3 +334,14 @@ def test_state_dict_keys_match_upstream_layout():
         fresh.load_state_dict(missing, strict=True)
     with pytest.raises(RuntimeError, match="Missing key"):
         fresh.load_upstream({"model": missing})
+
+
+def test_training_forward_matches_reference():
+    """The cache-free teacher-forced forward (used to train toy targets) equals the reference."""
+    model = make_model()
+    cond = make_cond([3, T])
+    tokens = random_tokens(2, N)
+    hidden = model(cond["caption_embs"], cond["emb_mask"], tokens)
+    for b in range(2):
+        lr, hr = reference(model, cond, b, tokens[b], 1.0)
+        close(hidden[b, T - 1 :], hr[T - 1 : T + N - 1])

@@ -176,7 +176,11 @@ class Attention(nn.Module):
         B, m, dim = x.shape
         q, k, v = (t.view(B, m, self.n_head, self.head_dim) for t in self.wqkv(x).split(dim, dim=-1))
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = cache.attend(layer, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), step)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if cache is None:  # training: full sequence, ``step`` is the (B, 1, m, m) bool mask
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=step)
+        else:
+            out = cache.attend(layer, q, k, v, step)
         return self.wo(out.transpose(1, 2).reshape(B, m, dim))
 
 
@@ -225,6 +229,29 @@ class LlamaGenGPT(nn.Module):
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, cache, i, step)
         cache.advance(h.shape[1])
+        return self.norm(h)
+
+    def forward(self, caption: torch.Tensor, emb_mask: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced training forward without a cache: hidden (B, T + N - 1, dim) after the
+        final norm for the sequence [text slots, x_0 .. x_{N-2}]; hidden[:, T-1+j] predicts x_j.
+        ``caption`` is the (already dropped-out, if training CFG) caption feature sequence."""
+        cfg = self.config
+        B, T = emb_mask.shape
+        N1 = tokens.shape[1] - 1
+        x = caption.to(self.dtype) * emb_mask.unsqueeze(-1).to(self.dtype)
+        h = torch.cat([self.cls_embedding(x), self.tok_embeddings(tokens[:, :N1])], dim=1)
+        cdt = _compute_dtype(self.dtype)
+        pos = torch.arange(N1, device=self.device).expand(B, N1)
+        cos_i, sin_i = rope_2d(pos, cfg, cdt)
+        zeros = torch.zeros(B, T, cfg.head_dim // 2, dtype=cdt, device=self.device)
+        cos, sin = torch.cat([zeros, cos_i], 1), torch.cat([zeros, sin_i], 1)
+        L = T + N1
+        key_ok = torch.cat([emb_mask.bool(), torch.ones(B, N1, dtype=torch.bool, device=self.device)], 1)
+        causal = torch.ones(L, L, dtype=torch.bool, device=self.device).tril()
+        mask = (causal & key_ok.unsqueeze(1)) | torch.eye(L, dtype=torch.bool, device=self.device)
+        mask = mask.unsqueeze(1)
+        for i, layer in enumerate(self.layers):
+            h = layer(h, cos, sin, None, i, mask)
         return self.norm(h)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

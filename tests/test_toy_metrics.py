@@ -1,0 +1,281 @@
+"""Toy metrics: Fréchet distance, streaming statistics, feature extraction, toy_clip, the
+feature network's persistence. Tiny random networks only; the trained net is not needed."""
+import json
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from coolsd.metrics import (
+    FeatureExtractor,
+    StreamingStats,
+    bootstrap_fid_ci,
+    caption_attributes,
+    feature_statistics,
+    fid_from_features,
+    frechet_distance,
+    frechet_distance_sym,
+    mean_ci,
+    sqrt_psd,
+    to_float_images,
+    toy_clip,
+    toy_clip_scores,
+    toy_fid,
+)
+from coolsd.toy.features import (
+    ToyFeatureExtractor,
+    ToyFeatureNet,
+    augment,
+    degrade,
+    load_feature_net,
+    read_feature_net_metadata,
+    save_feature_net,
+    train_feature_net,
+)
+from coolsd.toy.world import ATTRIBUTES, render_batch, sample_scenes
+
+TINY = {"channels": [4, 8, 8], "feature_dim": 16}
+
+
+def _tiny_net(seed=0) -> ToyFeatureNet:
+    torch.manual_seed(seed)
+    net = ToyFeatureNet(**TINY)
+    with torch.no_grad():  # non-trivial BatchNorm running statistics
+        for m in net.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.1, 0.1)
+                m.running_var.uniform_(0.5, 1.5)
+    return net.eval()
+
+
+@pytest.fixture(scope="module")
+def images():
+    return render_batch(sample_scenes(45, seed=3))
+
+
+def _reference_fid(a, b):
+    """Independent reference: np.cov stats; tr sqrt(S1 S2) = sum sqrt(eig(S1^1/2 S2 S1^1/2))."""
+    m1, m2 = a.mean(0), b.mean(0)
+    s1, s2 = np.cov(a, rowvar=False), np.cov(b, rowvar=False)
+    w, v = np.linalg.eigh(s1)
+    r1 = (v * np.sqrt(np.clip(w, 0, None))) @ v.T
+    ev = np.linalg.eigvalsh(r1 @ s2 @ r1)
+    return float(np.sum((m1 - m2) ** 2) + np.trace(s1) + np.trace(s2) - 2 * np.sum(np.sqrt(np.clip(ev, 0, None))))
+
+
+# ---- Fréchet distance ---------------------------------------------------------------------
+def test_fid_of_a_set_against_itself_is_zero():
+    r = np.random.default_rng(0)
+    a = r.normal(size=(400, 24)) @ r.normal(size=(24, 24)) + 3.0
+    assert abs(fid_from_features(a, a)) < 1e-6
+    relu = np.maximum(r.normal(size=(300, 32)), 0)
+    relu[:, :5] = 0  # dead units: singular covariance
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # scipy: "Matrix is singular" (as in pytorch-fid)
+        assert abs(fid_from_features(relu, relu)) < 1e-6
+
+
+def test_fid_matches_direct_numpy_computation():
+    r = np.random.default_rng(1)
+    a = r.normal(size=(500, 16)) @ r.normal(size=(16, 16))
+    b = r.normal(size=(350, 16)) @ r.normal(size=(16, 16)) * 0.7 + 0.5
+    ref = _reference_fid(a, b)
+    assert ref > 1
+    assert fid_from_features(a, b) == pytest.approx(ref, rel=1e-8)
+    assert toy_fid(torch.from_numpy(a).float(), b) == pytest.approx(_reference_fid(a.astype(np.float32).astype(np.float64), b), rel=1e-8)
+    mu, sigma = feature_statistics(a)
+    np.testing.assert_allclose(mu, a.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(sigma, np.cov(a, rowvar=False), rtol=1e-10, atol=1e-12)
+
+
+def test_symmetric_eigen_route_matches_sqrtm():
+    r = np.random.default_rng(5)
+    a = np.maximum(r.normal(size=(300, 20)), 0)
+    b = np.maximum(r.normal(size=(200, 20)) + 0.2, 0)
+    sa, sb = feature_statistics(a), feature_statistics(b)
+    assert frechet_distance_sym(*sa, *sb) == pytest.approx(frechet_distance(*sa, *sb), rel=1e-9)
+    np.testing.assert_allclose(sqrt_psd(sb[1]) @ sqrt_psd(sb[1]), sb[1], atol=1e-12)
+
+
+def test_frechet_distance_closed_form_1d_and_checks():
+    # 1-D Gaussians: (m1 - m2)^2 + (s1 - s2)^2
+    assert frechet_distance([1.0], [[4.0]], [3.0], [[9.0]]) == pytest.approx(4.0 + 1.0, rel=1e-12)
+    with pytest.raises(ValueError):
+        frechet_distance(np.zeros(2), np.eye(2), np.zeros(3), np.eye(3))
+    with pytest.raises(ValueError):
+        feature_statistics(np.zeros((1, 4)))
+
+
+def test_streaming_statistics_equal_one_shot():
+    r = np.random.default_rng(2)
+    x = r.normal(size=(1000, 12)) * r.uniform(0.1, 10, 12) + 1e3  # large offset: cancellation-prone
+    s = StreamingStats()
+    for lo, hi in [(0, 1), (1, 130), (130, 131), (131, 600), (600, 1000)]:
+        s.update(torch.from_numpy(x[lo:hi]) if lo % 2 else x[lo:hi])
+    s.update(np.zeros((0, 12)))
+    mu, sigma = s.compute()
+    mu1, sigma1 = feature_statistics(x)
+    assert s.n == 1000
+    np.testing.assert_allclose(mu, mu1, rtol=1e-13, atol=0)
+    np.testing.assert_allclose(sigma, sigma1, rtol=1e-10, atol=1e-12 * np.abs(sigma1).max())
+    assert np.array_equal(sigma, sigma.T)
+    with pytest.raises(ValueError):
+        s.update(np.zeros((3, 5)))
+
+
+# ---- feature extraction -----------------------------------------------------------------------
+def test_feature_extraction_batch_size_independent_and_deterministic(images):
+    ext = ToyFeatureExtractor(_tiny_net(0), batch_size=64)
+    assert isinstance(ext, FeatureExtractor) and ext.feature_dim == 16 and ext.name == "toy_feature_net"
+    full = ext(images)
+    assert full.shape == (45, 16) and full.dtype == np.float64 and np.abs(full).sum() > 0
+    for bs in (1, 7, 32, 1000):
+        assert np.array_equal(ext(images, batch_size=bs), full)
+    assert np.array_equal(ext(images[5:12]), full[5:12])  # position in the input does not matter
+    chw = torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255
+    assert np.array_equal(ext(chw), full)  # uint8 NHWC == float NCHW in [0, 1]
+    assert np.array_equal(ToyFeatureExtractor(_tiny_net(0))(images), full)  # same seed, same net
+    assert not np.allclose(ToyFeatureExtractor(_tiny_net(1))(images), full)
+    assert ext(images[:0]).shape == (0, 16)
+
+
+def test_predictions_consistent_with_features(images):
+    ext = ToyFeatureExtractor(_tiny_net(0), batch_size=8)
+    feats, preds = ext.features_and_predictions(images)
+    assert np.array_equal(feats, ext(images))
+    assert set(preds) == set(ATTRIBUTES)
+    with torch.no_grad():
+        logits = ext.model.logits(torch.from_numpy(feats).float())
+    for k, names in ATTRIBUTES.items():
+        assert preds[k].shape == (45,) and preds[k].dtype == np.int64
+        assert preds[k].min() >= 0 and preds[k].max() < len(names)
+        agree = (logits[k].argmax(1).numpy() == preds[k]).mean()
+        assert agree > 0.95  # float32 re-run of the head; ties aside
+    assert all(np.array_equal(preds[k], v) for k, v in ext.predict_attributes(images, batch_size=5).items())
+
+
+def test_image_input_validation(images):
+    x = to_float_images(images)
+    assert x.shape == (45, 3, 32, 32) and x.dtype == torch.float32
+    with pytest.raises(ValueError):
+        to_float_images(images.astype(np.float32) / 255)  # float NHWC
+    with pytest.raises(ValueError):
+        to_float_images(x * 2 - 1)  # [-1, 1]
+    with pytest.raises(ValueError):
+        to_float_images(images[0])
+    with pytest.raises(ValueError):
+        ToyFeatureExtractor(_tiny_net())(torch.zeros(2, 3, 16, 16))
+
+
+def test_augment_and_degrade(images):
+    x = to_float_images(images)
+    a1 = augment(x.clone(), torch.Generator().manual_seed(5))
+    a2 = augment(x.clone(), torch.Generator().manual_seed(5))
+    assert torch.equal(a1, a2) and a1.shape == x.shape and a1.min() >= 0 and a1.max() <= 1
+    assert not torch.equal(a1, x)
+    for kind in ("clean", "down2_up", "down4_up", "blur1_quant8"):
+        d = degrade(x, kind)
+        assert d.shape == x.shape and d.min() >= 0 and d.max() <= 1
+    assert torch.equal(degrade(x, "clean"), x)
+    with pytest.raises(ValueError):
+        degrade(x, "jpeg")
+
+
+# ---- toy_clip and aggregation --------------------------------------------------------------------
+def test_toy_clip_on_hand_made_predictions():
+    cap = {"shape": [0, 1, 2], "colour": [3, 3, 3], "background": [0, 1, 2], "position": [8, 0, 4], "size": [0, 1, 0]}
+    pred = {"shape": [0, 1, 0], "colour": [3, 3, 2], "background": [0, 0, 0], "position": [8, 0, 0], "size": [0, 0, 1],
+            "extra": [9, 9, 9]}
+    s = toy_clip_scores(pred, cap)
+    np.testing.assert_allclose(s, [1.0, 0.6, 0.0])
+    assert toy_clip(pred, cap) == pytest.approx(1.6 / 3)
+    assert toy_clip_scores(pred, {"shape": cap["shape"]}).tolist() == [1.0, 1.0, 0.0]
+    with pytest.raises(KeyError):
+        toy_clip_scores({"shape": [0, 1, 2]}, cap)
+    with pytest.raises(ValueError):
+        toy_clip_scores(pred, {"shape": [0, 1]})
+    scenes = sample_scenes(6, seed=0)
+    ca = caption_attributes(scenes)
+    assert toy_clip(ca, ca) == 1.0
+    assert all(ca[k][i] == scenes[i].labels()[k] for k in ATTRIBUTES for i in range(6))
+
+
+def test_mean_ci_is_a_t_interval_and_bootstrap_is_seeded():
+    x = np.random.default_rng(3).uniform(size=50)
+    ci = mean_ci(x)
+    lo, hi = stats.t.interval(0.95, 49, loc=x.mean(), scale=stats.sem(x))
+    assert ci["mean"] == pytest.approx(x.mean()) and ci["lo"] == pytest.approx(lo) and ci["hi"] == pytest.approx(hi)
+    assert mean_ci([0.5])["lo"] == 0.5
+    r = np.random.default_rng(4)
+    a, b = r.normal(size=(120, 6)), r.normal(size=(150, 6)) + 0.3
+    b1 = bootstrap_fid_ci(a, b, n_resamples=20, seed=7)
+    b2 = bootstrap_fid_ci(a, b, n_resamples=20, seed=7)
+    assert b1 == b2 and b1["lo"] <= b1["fid"] <= b1["hi"] and b1["fid"] == pytest.approx(fid_from_features(a, b))
+    assert b1["boot_lo"] <= b1["boot_hi"] and b1["hi"] - b1["lo"] == pytest.approx(b1["boot_hi"] - b1["boot_lo"])
+    assert bootstrap_fid_ci(a, b, n_resamples=20, seed=8)["lo"] != b1["lo"]
+    assert bootstrap_fid_ci(a, b, n_resamples=5, seed=7, resample_ref=True)["n_resamples"] == 5
+
+
+# ---- training determinism and persistence -------------------------------------------------------
+def test_training_is_deterministic_given_seed():
+    kw = dict(steps=3, batch_size=16, n_train=48, n_eval=16, log=None, config=TINY)
+    m1, met1 = train_feature_net(seed=11, **kw)
+    m2, met2 = train_feature_net(seed=11, **kw)
+    s1, s2 = m1.state_dict(), m2.state_dict()
+    assert all(torch.equal(s1[k], s2[k]) for k in s1)
+    assert met1["heldout"] == met2["heldout"] and set(met1["heldout"]["clean"]) == {*ATTRIBUTES, "all"}
+    assert not m1.training
+
+
+def test_save_load_round_trip(tmp_path, images):
+    net = _tiny_net(2)
+    path = tmp_path / "sub" / "toy_feature_net.safetensors"
+    save_feature_net(net, path, metrics={"heldout": {"clean": {"shape": 0.5}}})
+    loaded = load_feature_net(path)
+    assert not loaded.training and loaded.config == net.config
+    a, b = net.state_dict(), loaded.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert np.array_equal(ToyFeatureExtractor(loaded)(images), ToyFeatureExtractor(net)(images))
+    assert np.array_equal(ToyFeatureExtractor.from_file(path)(images[:3]), ToyFeatureExtractor(net)(images[:3]))
+    meta = read_feature_net_metadata(path)
+    assert meta["config"] == net.config and meta["metrics"]["heldout"]["clean"]["shape"] == 0.5
+
+
+def test_missing_corrupted_and_mismatched_files(tmp_path):
+    from safetensors.torch import save_file
+
+    missing = tmp_path / "nope.safetensors"
+    with pytest.raises(FileNotFoundError, match="nope.safetensors.*make toy-assets"):
+        load_feature_net(missing)
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x00garbage" * 10)
+    with pytest.raises(ValueError, match="bad.safetensors.*make toy-assets"):
+        load_feature_net(bad)
+    good = tmp_path / "good.safetensors"
+    save_feature_net(_tiny_net(), good)
+    truncated = tmp_path / "truncated.safetensors"
+    truncated.write_bytes(good.read_bytes()[:-100])
+    with pytest.raises(ValueError, match="truncated.safetensors.*make toy-assets"):
+        load_feature_net(truncated)
+    # strict: a state dict missing a key, or with an unexpected one, is refused
+    state = {k: v.contiguous() for k, v in _tiny_net().state_dict().items()}
+    meta = read_feature_net_metadata(good)
+    raw = {"format": meta["format"], "version": meta["version"], "config": json.dumps(meta["config"])}
+    partial = tmp_path / "partial.safetensors"
+    save_file({k: v for k, v in state.items() if not k.startswith("heads.size")}, partial, metadata=raw)
+    with pytest.raises(ValueError, match="partial.safetensors.*heads.size.*make toy-assets"):
+        load_feature_net(partial)
+    extra = tmp_path / "extra.safetensors"
+    save_file({**state, "surplus": torch.zeros(2)}, extra, metadata=raw)
+    with pytest.raises(ValueError, match="extra.safetensors.*surplus"):
+        load_feature_net(extra)
+    wrong_cfg = tmp_path / "wrong_cfg.safetensors"
+    save_file(state, wrong_cfg, metadata={**raw, "config": '{"channels": [4, 8, 16], "feature_dim": 16, "image_size": 32}'})
+    with pytest.raises(ValueError, match="wrong_cfg.safetensors"):
+        load_feature_net(wrong_cfg)
+    foreign = tmp_path / "foreign.safetensors"
+    save_file(state, foreign)
+    with pytest.raises(ValueError, match="not a toy feature network"):
+        load_feature_net(foreign)
