@@ -63,13 +63,12 @@ class ModelDrafter:
         self.forwards = 0
 
     def begin(self, cond: Any, batch_size: int, first_token: torch.Tensor, target_out: Optional[StepOut]):
-        out = self.model.begin(cond, batch_size, context=target_out)
+        self.model.begin(cond, batch_size, context=target_out)
         self.ctx_tokens = first_token.unsqueeze(1)
         feat = None if target_out is None or target_out.hidden is None else target_out.hidden[:, -1:]
         self.ctx_feats = feat
         self.ctx_count = torch.ones(batch_size, dtype=torch.long)
         self.length = torch.zeros(batch_size, dtype=torch.long)  # committed entries
-        del out
 
     def depth_cap(self, n_out: torch.Tensor) -> Optional[torch.Tensor]:
         return None
@@ -95,8 +94,7 @@ class ModelDrafter:
         n1 = tree.n_nodes + 1
         tokens = torch.zeros(B, n1, dtype=torch.long)
         tokens[:, 0] = self.ctx_tokens[ar, last]
-        q = torch.zeros(B, n1, V, dtype=root_logits.dtype if root_logits.is_floating_point() else torch.float32)
-        q = q.to(torch.float64) if root_logits.dtype == torch.float64 else q
+        q = torch.zeros(B, n1, V, dtype=torch.promote_types(root_logits.dtype, torch.float32))
         node_probs = {0: self.sampling.probs(root_logits)}
         node_hidden = {0: root_hidden}
         forwarded: list[int] = []  # pending tree entries in cache order
@@ -117,7 +115,6 @@ class ModelDrafter:
             nxt = [int(c) for c in tree.level(d + 1)]
             if d + 1 >= depth_to_draft or not any(int(n_children[c]) > 0 for c in nxt):
                 continue
-            P = len(forwarded)
             allowed = forwarded + nxt
             attend = tree.ancestors[nxt][:, allowed]
             parents = tree.parent[nxt]
@@ -131,7 +128,6 @@ class ModelDrafter:
                 node_probs[c] = self.sampling.probs(step.logits[:, j])
                 node_hidden[c] = None if step.hidden is None else step.hidden[:, j]
             forwarded.extend(nxt)
-            del P
         return tokens, q
 
     def observe(self, info: RoundInfo) -> None:

@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from coolsd.decoding.rules import Rule
+from coolsd.decoding.sampling import sample_inverse_cdf
 from coolsd.decoding.trees import EMPTY_TREE, Tree
 from coolsd.decoding.verify import verify_tree
 from coolsd.drafting import RoundInfo, SamplingConfig
@@ -75,8 +76,6 @@ def speculative_generate(
         if prefill is None:
             raise ValueError("a target without a condition needs bos_token")
         u0 = rng.uniform(1)[:, 0]
-        from coolsd.decoding.sampling import sample_inverse_cdf
-
         root = sample_inverse_cdf(sampling.probs(prefill.logits[:, -1]), u0)
         out[:, 0] = root
         n_out += 1
