@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from coolsd.decoding.sampling import cfg_combine
 from coolsd.models.kv_cache import KVCache
-from coolsd.models.llamagen import LlamaGenConfig, RMSNorm, apply_rope, rope_2d
+from coolsd.models.llamagen import check_2d_rope, LlamaGenConfig, RMSNorm, apply_rope, rope_2d
 from coolsd.protocols import StepOut
 
 # LANTERN's ``input_type`` sets the RoPE grid of the drafter (``cnets_llamagen.Model.__init__``).
@@ -60,14 +60,7 @@ class EagleConfig:
     rope_base: float = 10000.0
 
     def __post_init__(self):
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
-                f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads {self.num_attention_heads}"
-            )
-        if self.head_dim % 4:
-            raise ValueError(f"2D RoPE needs head_dim divisible by 4, got {self.head_dim}")
-        if self.grid_size**2 != self.block_size:
-            raise ValueError(f"block_size {self.block_size} is not a square grid")
+        check_2d_rope(self.hidden_size, self.num_attention_heads, self.block_size)
         if self.num_hidden_layers < 1:
             raise ValueError(f"num_hidden_layers must be >= 1, got {self.num_hidden_layers}")
 

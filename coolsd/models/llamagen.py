@@ -31,6 +31,16 @@ from coolsd.protocols import StepOut
 
 
 # ---------------------------------------------------------------------------------------- config
+def check_2d_rope(width: int, n_heads: int, block_size: int) -> None:
+    """Shapes 2D RoPE needs: whole heads, head_dim divisible by 4, a square token grid."""
+    if width % n_heads:
+        raise ValueError(f"width {width} is not a multiple of the {n_heads} heads")
+    if (width // n_heads) % 4:
+        raise ValueError(f"2D RoPE needs head_dim divisible by 4, got {width // n_heads}")
+    if round(block_size**0.5) ** 2 != block_size:
+        raise ValueError(f"block_size {block_size} is not a square grid")
+
+
 @dataclass(frozen=True)
 class LlamaGenConfig:
     dim: int
@@ -46,12 +56,7 @@ class LlamaGenConfig:
     ffn_dim_multiplier: Optional[float] = None
 
     def __post_init__(self):
-        if self.dim % self.n_head:
-            raise ValueError(f"dim {self.dim} is not a multiple of n_head {self.n_head}")
-        if self.head_dim % 4:
-            raise ValueError(f"2D RoPE needs head_dim divisible by 4, got {self.head_dim}")
-        if self.grid_size**2 != self.block_size:
-            raise ValueError(f"block_size {self.block_size} is not a square grid")
+        check_2d_rope(self.dim, self.n_head, self.block_size)
 
     @property
     def head_dim(self) -> int:
