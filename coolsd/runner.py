@@ -28,4 +28,8 @@ def run(cfg: DictConfig) -> dict:
         from coolsd.theory.job import run_lab
 
         return run_lab(cfg, name, params, tree, draft_length, output_dir(cfg))
-    raise ValueError(f"unknown target kind {kind!r}; valid: tabular")
+    if kind == "toy":
+        from coolsd.toy.job import run_toy
+
+        return run_toy(cfg, name, params, tree, draft_length, output_dir(cfg))
+    raise ValueError(f"unknown target kind {kind!r}; valid: tabular, toy")

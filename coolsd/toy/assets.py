@@ -1,0 +1,249 @@
+"""Shipped toy-world weights: building them (``make toy-assets``) and loading them strictly.
+
+Files in ``coolsd/toy/assets/``: vq, target (GPT + caption encoder), drafter (EAGLE-1 head),
+features (toy metric network), each safetensors, and ``manifest.json`` with every file's
+sha256 and the metrics measured when it was built. Loading checks the checksums, so a
+truncated or altered file is an error naming it, never silent garbage.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from coolsd.decoding.lantern import neighbours_from_codebook
+from coolsd.drafters.eagle import EagleConfig, EagleDrafter, EagleHead
+from coolsd.models.llamagen import LlamaGenConfig, LlamaGenGPT, LlamaGenTarget
+from coolsd.toy.features import ToyFeatureExtractor, load_feature_net, save_feature_net, train_feature_net
+from coolsd.toy.target import TOY_GPT, CaptionEncoder
+from coolsd.toy.vq import load_vq, save_vq, train_vq
+from coolsd.toy.world import render_batch, sample_scenes
+
+ASSETS_DIR = Path(__file__).parent / "assets"
+FILES = {"vq": "vq.safetensors", "target": "target.safetensors", "drafter": "drafter.safetensors",
+         "features": "features.safetensors"}
+REBUILD = "run `make toy-assets` to rebuild it"
+TARGET_DATA_SEED = 7001  # training scenes of target and drafter; evaluation prompts use another
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _save(path: Path, tensors: dict, fmt: str, config: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp),
+              metadata={"format": fmt, "config": json.dumps(config)})
+    tmp.replace(path)
+
+
+def _load(path: Path, fmt: str) -> tuple[dict, dict]:
+    if not path.is_file():
+        raise FileNotFoundError(f"toy weights {path} not found; {REBUILD}")
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            meta = f.metadata() or {}
+            sd = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:
+        raise ValueError(f"toy weights {path} are unreadable ({' '.join(str(e).split())}); {REBUILD}") from e
+    if meta.get("format") != fmt:
+        raise ValueError(f"toy weights {path} are not a {fmt} file; {REBUILD}")
+    return sd, json.loads(meta["config"])
+
+
+def _strict(module: torch.nn.Module, sd: dict, path: Path) -> None:
+    try:
+        module.load_state_dict(sd, strict=True)
+    except RuntimeError as e:
+        raise ValueError(f"toy weights {path} do not match the model ({' '.join(str(e).split())[:300]}); {REBUILD}") from e
+
+
+def check_manifest(assets_dir: Path) -> dict:
+    path = assets_dir / "manifest.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"toy assets manifest {path} not found; {REBUILD}")
+    manifest = json.loads(path.read_text())
+    for name, fname in FILES.items():
+        f = assets_dir / fname
+        if not f.is_file():
+            raise FileNotFoundError(f"toy weights {f} not found; {REBUILD}")
+        if _sha256(f) != manifest["sha256"][fname]:
+            raise ValueError(f"toy weights {f} are corrupted (sha256 differs from manifest.json); {REBUILD}")
+    return manifest
+
+
+@dataclass
+class ToyWorld:
+    vq: torch.nn.Module
+    gpt: LlamaGenGPT
+    encoder: CaptionEncoder
+    head: EagleHead
+    features: ToyFeatureExtractor
+    cfg_scale: float
+    manifest: dict
+
+    def __post_init__(self):
+        self.neighbours = neighbours_from_codebook(self.vq.codebook.detach())
+        self._target = LlamaGenTarget(self.gpt, cfg_scale=self.cfg_scale)
+        self._drafter = EagleDrafter.for_target(self.head, self._target)
+
+    def target(self) -> LlamaGenTarget:
+        return self._target
+
+    def drafter(self) -> EagleDrafter:
+        return self._drafter
+
+
+def load_toy_world(assets_dir=None, cfg_scale: float = 3.0) -> ToyWorld:
+    d = Path(assets_dir) if assets_dir else ASSETS_DIR
+    manifest = check_manifest(d)
+    vq = load_vq(d / FILES["vq"])
+    sd, cfg = _load(d / FILES["target"], "coolsd.toy.target")
+    gpt = LlamaGenGPT(LlamaGenConfig(**cfg["gpt"]))
+    enc = CaptionEncoder(cfg["gpt"]["caption_dim"], cfg["gpt"]["cls_token_num"])
+    _strict(gpt, {k[4:]: v for k, v in sd.items() if k.startswith("gpt.")}, d / FILES["target"])
+    _strict(enc, {k[8:]: v for k, v in sd.items() if k.startswith("caption.")}, d / FILES["target"])
+    hsd, hcfg = _load(d / FILES["drafter"], "coolsd.toy.eagle")
+    head = EagleHead(EagleConfig(**hcfg))
+    _strict(head, hsd, d / FILES["drafter"])
+    feats = ToyFeatureExtractor(load_feature_net(d / FILES["features"]))
+    for m in (vq, gpt, enc, head):
+        m.eval().requires_grad_(False)
+    return ToyWorld(vq, gpt, enc, head, feats, float(cfg_scale), manifest)
+
+
+# ------------------------------------------------------------------------------ building
+def _dataset(vq, n: int, seed: int, enc: CaptionEncoder):
+    scenes = sample_scenes(n, seed)
+    tokens = []
+    with torch.no_grad():
+        for i in range(0, n, 512):
+            tokens.append(vq.encode(render_batch(scenes[i : i + 512])))
+    return enc.ids([s.caption for s in scenes]), torch.cat(tokens)
+
+
+def build_assets(out_dir: Path, quick: bool = False, force: bool = False, log=print) -> dict:
+    """Train every toy weight file in order VQ -> target -> drafter -> features.
+
+    Each stage writes its file atomically and its metrics to ``build_metrics.json``; a stage
+    whose file already exists is skipped unless ``force`` (so an interrupted build resumes).
+    ``manifest.json`` (checksums) is written last, so a half-built folder never loads.
+    """
+    from coolsd.drafters.train import evaluate_eagle, llamagen_batch, train_eagle
+    from coolsd.toy.train_target import train_target
+
+    torch.set_num_threads(2)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    steps = {"vq": 300 if quick else 3000, "target": 60 if quick else 1500,
+             "drafter": 60 if quick else 1000, "features": 100 if quick else 1200}
+    n_train = 2000 if quick else 40000
+    log_path = out_dir / "build_metrics.json"
+    metrics: dict = json.loads(log_path.read_text()) if log_path.exists() and not force else {}
+    metrics.update({"quick": quick, "steps": steps})
+    (out_dir / "manifest.json").unlink(missing_ok=True)
+
+    def done(name):
+        return (out_dir / FILES[name]).is_file() and name in metrics and not force
+
+    def record(name, m):
+        metrics[name] = m
+        log_path.write_text(json.dumps(metrics, indent=1, default=float))
+
+    def atomic(name, write):
+        tmp = out_dir / (FILES[name] + ".partial")
+        write(tmp)
+        tmp.replace(out_dir / FILES[name])
+
+    t_all = time.perf_counter()
+    if not done("vq"):
+        vq, m = train_vq(steps=steps["vq"], seed=0, log=log)
+        atomic("vq", lambda p: save_vq(vq, p))
+        record("vq", {k: v for k, v in m.items() if k != "config"})
+    vq = load_vq(out_dir / FILES["vq"])
+
+    cap = CaptionEncoder()
+    ids, toks = _dataset(vq, n_train, TARGET_DATA_SEED, cap)
+    vids, vtoks = _dataset(vq, 1000, TARGET_DATA_SEED + 1, cap)
+    if not done("target"):
+        gpt, enc, m = train_target(TOY_GPT, ids, toks, steps=steps["target"], seed=0, val=(vids, vtoks), log=log)
+        tensors = {**{f"gpt.{k}": v for k, v in gpt.state_dict().items()},
+                   **{f"caption.{k}": v for k, v in enc.state_dict().items()}}
+        atomic("target", lambda p: _save(p, tensors, "coolsd.toy.target", {"gpt": dataclasses.asdict(TOY_GPT)}))
+        record("target", m)
+    sd, cfg = _load(out_dir / FILES["target"], "coolsd.toy.target")
+    gpt = LlamaGenGPT(LlamaGenConfig(**cfg["gpt"]))
+    enc = CaptionEncoder(cfg["gpt"]["caption_dim"], cfg["gpt"]["cls_token_num"])
+    _strict(gpt, {k[4:]: v for k, v in sd.items() if k.startswith("gpt.")}, out_dir / FILES["target"])
+    _strict(enc, {k[8:]: v for k, v in sd.items() if k.startswith("caption.")}, out_dir / FILES["target"])
+    gpt.eval(), enc.eval()
+
+    if not done("drafter"):
+        head = EagleHead.from_target(gpt, seed=0)
+        W = gpt.output.weight.detach()
+        g = torch.Generator().manual_seed(1)
+
+        def batch_at(step, bs=32):
+            idx = torch.randint(0, len(toks), (bs,), generator=g)
+            with torch.no_grad():
+                return llamagen_batch(gpt, enc(ids[idx]), toks[idx], uncond_prob=0.1, generator=g, both_halves=True)
+
+        with torch.no_grad():
+            evals = [llamagen_batch(gpt, enc(vids[i : i + 100]), vtoks[i : i + 100], both_halves=True)
+                     for i in range(0, 400, 100)]
+        t0 = time.perf_counter()
+        train_eagle(head, W, batch_at, steps["drafter"], lr=1e-3, seed=0)
+        ev = evaluate_eagle(head, W, evals, cfg_scale=3.0)
+        log("drafter held-out: " + ", ".join(f"{k} {float(v):.4f}" for k, v in ev.items()))
+        atomic("drafter", lambda p: _save(p, head.state_dict(), "coolsd.toy.eagle", dataclasses.asdict(head.config)))
+        record("drafter", {**{k: float(v) for k, v in ev.items()}, "train_seconds": time.perf_counter() - t0})
+
+    if not done("features"):
+        fnet, m = train_feature_net(steps=steps["features"], seed=0, log=log)
+        atomic("features", lambda p: save_feature_net(fnet, p, m))
+        record("features", m)
+        # how well the feature network reads VQ reconstructions (issue #3: nearly as well as originals)
+        feats = ToyFeatureExtractor(load_feature_net(out_dir / FILES["features"]))
+        scenes = sample_scenes(1000, TARGET_DATA_SEED + 2)
+        imgs = render_batch(scenes)
+        with torch.no_grad():
+            recon = vq.decode_uint8(vq.encode(imgs))
+        from coolsd.metrics.toy import caption_attributes, toy_clip_scores
+
+        attrs = caption_attributes(scenes)
+        m2 = {"toy_clip_originals": float(toy_clip_scores(feats.predict_attributes(imgs), attrs).mean()),
+              "toy_clip_vq_reconstructions": float(toy_clip_scores(feats.predict_attributes(recon), attrs).mean())}
+        log(f"feature net on originals vs VQ reconstructions: {m2}")
+        record("features", {**m, **m2})
+
+    metrics["total_seconds_this_build"] = time.perf_counter() - t_all
+    manifest = {"sha256": {f: _sha256(out_dir / f) for f in FILES.values()},
+                "bytes": {f: (out_dir / f).stat().st_size for f in FILES.values()}, "metrics": metrics}
+    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, default=float))
+    log(json.dumps(metrics, indent=1, default=lambda x: round(float(x), 5) if isinstance(x, (float, np.floating)) else str(x)))
+    return manifest
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m coolsd.toy.assets", description="Retrain every toy-world weight file.")
+    ap.add_argument("--out", type=Path, default=ASSETS_DIR)
+    ap.add_argument("--quick", action="store_true", help="a few steps of each (for tests), not the shipped weights")
+    ap.add_argument("--force", action="store_true", help="retrain stages whose files already exist")
+    a = ap.parse_args(argv)
+    build_assets(a.out, a.quick, a.force)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""The main job on the embedded toy world: generate images for toy prompts with a method and
+with the AR baseline (same target, same machine, same run), write per-sample records, images,
+a grid and a summary with 95% CIs (accepted length, latency, speed-up, toy_clip, toy_fid)."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from coolsd.decoding.rng import PerSampleRNG
+from coolsd.drafting import SamplingConfig, build_drafter
+from coolsd.generate import speculative_generate
+from coolsd.methods import build_method
+from coolsd.metrics.toy import bootstrap_fid_ci, caption_attributes, toy_clip_scores
+from coolsd.records import RecordWriter, save_png_atomic, write_json_atomic
+from coolsd.stats import mean_ci, ratio_ci
+from coolsd.toy.assets import load_toy_world
+from coolsd.toy.world import render_batch, sample_scenes
+
+PROMPT_POOL_SEED = 20260  # the 5,000 toy evaluation prompts; disjoint from every training seed
+
+
+def toy_prompts(n: int, offset: int = 0, pool: int = 5000):
+    if not 0 <= offset and offset + n <= pool:
+        raise ValueError(f"toy prompts [{offset}, {offset + n}) exceed the pool of {pool}")
+    return sample_scenes(pool, PROMPT_POOL_SEED)[offset : offset + n]
+
+
+def prompt_seed(run_seed: int, index: int) -> int:
+    """Per-prompt seed from the run seed and the prompt index (never from the order of work)."""
+    return int(np.random.default_rng([run_seed, index]).integers(2**62))
+
+
+def generate_one(world, method, sampling, caption: str, seed: int):
+    target = world.target()
+    drafter = build_drafter(method, world.drafter() if method.drafter == "model" else None, sampling,
+                            world.gpt.config.vocab_size)
+    with torch.no_grad():
+        cond = world.encoder.encode([caption])
+        return speculative_generate(
+            target, world.gpt.config.block_size, PerSampleRNG([seed]), rule=method.rule, drafter=drafter,
+            tree=method.tree, sampling=sampling, cond=cond, batch_size=1,
+        )
+
+
+def generate_record(world, method, sampling, scene, idx: int, seed: int, tag: str):
+    """One prompt at batch 1 -> (record, uint8 image)."""
+    res = generate_one(world, method, sampling, scene.caption, seed)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        img = world.vq.decode_uint8(res.tokens)[0]
+    decode_s = time.perf_counter() - t0
+    rec = {
+        "prompt_index": idx, "caption": scene.caption, "seed": seed, "method": tag,
+        "params": method.describe(), "round_lengths": res.round_lengths[0],
+        "accepted_length": res.accepted_length(0), "target_forwards": res.target_forwards[0],
+        "draft_forwards": res.draft_forwards, "latency_s": res.seconds, "decode_s": decode_s,
+    }
+    return rec, img
+
+
+def run_methods(world, methods: dict, sampling, scenes, run_seed, writer: RecordWriter, offset: int):
+    """Every method on every prompt, methods interleaved per prompt so that machine noise hits
+    all of them alike (latency ratios are measured side by side)."""
+    out = {tag: ([], []) for tag in methods}
+    for tag, m in methods.items():  # warm-up, excluded
+        generate_one(world, m, sampling, scenes[0].caption, 0)
+    for i, scene in enumerate(tqdm(scenes, desc="prompts", unit="prompt")):
+        idx = offset + i
+        seed = prompt_seed(run_seed, idx)
+        for tag, m in methods.items():
+            rec, img = generate_record(world, m, sampling, scene, idx, seed, tag)
+            out[tag][0].append(writer.append(rec, img, f"{tag}/{idx:05d}.png"))
+            out[tag][1].append(img)
+    return {tag: (rows, np.stack(imgs)) for tag, (rows, imgs) in out.items()}
+
+
+def summarize(world, outputs: dict, scenes) -> dict:
+    """Per method: accepted length, latency, decode time, toy_clip (95% t-CIs over prompts),
+    toy_fid (bootstrap CI) against renders of the same prompts, speed-up against ``ar``."""
+    ref_feats = world.features(render_batch(scenes))
+    attrs = caption_attributes(scenes)
+    ar_lat = [r["latency_s"] for r in outputs["ar"][0]] if "ar" in outputs else None
+    table = {}
+    for tag, (rows, imgs) in outputs.items():
+        feats, preds = world.features.features_and_predictions(imgs)
+        lat = [x["latency_s"] for x in rows]
+        e = {
+            "params": rows[0]["params"],
+            "accepted_length": mean_ci([x["accepted_length"] for x in rows]),
+            "latency_s": mean_ci(lat),
+            "decode_s": mean_ci([x["decode_s"] for x in rows]),
+            "toy_clip": mean_ci(toy_clip_scores(preds, attrs)),
+            "toy_fid": bootstrap_fid_ci(feats, ref_feats, n_resamples=200, seed=0),
+        }
+        if ar_lat is not None:
+            e["speedup"] = ratio_ci(ar_lat, lat)
+            e["speedup_per_accepted_length"] = e["speedup"]["mean"] / e["accepted_length"]["mean"]
+        table[tag] = e
+    return table
+
+
+def run_toy(cfg, method_name: str, params: dict, tree: str, draft_length, out_dir: Path) -> dict:
+    world = load_toy_world(cfg.target.assets, cfg_scale=cfg.target.cfg_scale)
+    method = build_method(method_name, tree=tree, draft_length=draft_length, neighbours=world.neighbours, **params)
+    baseline = build_method("ar")
+    sampling = SamplingConfig(**cfg.sampling)
+    d = cfg.dataset
+    scenes = toy_prompts(d.n_prompts, d.offset)
+    torch.set_num_threads(int(cfg.get("threads", 1)))
+    writer = RecordWriter(out_dir)
+    runs = {method_name: method} if method_name == "ar" or not cfg.get("baseline", True) else {"ar": baseline, method_name: method}
+    outputs = run_methods(world, runs, sampling, scenes, cfg.seed, writer, d.offset)
+    table = summarize(world, outputs, scenes)
+    summary = {"job": "toy", "method": method.describe(), "n_prompts": len(scenes), "sampling": dict(cfg.sampling),
+               "device": "cpu", "threads": torch.get_num_threads(), "batch_size": 1,
+               "speedup_reference": "ar on the same prompts, same machine, same run", "results": table}
+    write_json_atomic(summary, out_dir / "summary.json")
+    ref = render_batch(scenes[:8])
+    grid = make_grid([outputs[t][1][:8] for t in outputs] + [ref])
+    save_png_atomic(grid, out_dir / "grid.png")
+    print_summary(table, out_dir)
+    return summary
+
+
+def make_grid(rows: list[np.ndarray], scale: int = 3) -> np.ndarray:
+    """Rows of equal-size images -> one uint8 image, nearest-neighbour upscaled."""
+    h, w = rows[0].shape[1:3]
+    n = max(len(r) for r in rows)
+    out = np.full((len(rows) * (h + 2), n * (w + 2), 3), 255, np.uint8)
+    for i, r in enumerate(rows):
+        for j, im in enumerate(r):
+            out[i * (h + 2) : i * (h + 2) + h, j * (w + 2) : j * (w + 2) + w] = im
+    return out.repeat(scale, 0).repeat(scale, 1)
+
+
+def print_summary(table: dict, out_dir: Path) -> None:
+    def f(e):
+        return f"{e['mean']:.3f} [{e['ci95'][0]:.3f}, {e['ci95'][1]:.3f}]"
+
+    print(f"{'method':<12} {'accepted length':<24} {'latency s':<24} {'speed-up':<24} {'toy_clip':<24} toy_fid")
+    for tag, e in table.items():
+        sp = f(e["speedup"]) if "speedup" in e else "-"
+        fid = e["toy_fid"]
+        print(f"{tag:<12} {f(e['accepted_length']):<24} {f(e['latency_s']):<24} {sp:<24} {f(e['toy_clip']):<24} "
+              f"{fid['fid']:.1f} [{fid['lo']:.1f}, {fid['hi']:.1f}]")
+    print(f"wrote {out_dir}/summary.json, samples.jsonl, images/, grid.png")
