@@ -26,6 +26,11 @@ def test_config_and_token_grid():
     cfg = VQConfig()
     assert (cfg.grid, cfg.num_tokens, cfg.codebook_size, cfg.codebook_dim) == (8, 64, 512, 8)
     assert VQConfig.from_json(cfg.to_json()) == cfg
+    torch.manual_seed(0)
+    m = ToyVQ(cfg).eval()  # the default (untrained) model: 64 tokens per 32x32 image
+    tok = m.encode(render_batch(sample_scenes(2, seed=5)))
+    assert tok.shape == (2, 64) and tok.dtype == torch.long and int(tok.max()) < 512
+    assert m.decode(tok).shape == (2, 3, 32, 32) and m.codebook.shape == (512, 8)
     with pytest.raises(ValueError, match="downsample"):
         VQConfig(downsample=3)
     with pytest.raises(ValueError, match="unknown VQConfig fields"):
@@ -82,7 +87,7 @@ def test_decode_is_deterministic_and_forward_losses(tiny, images):
     out = tiny(images)
     assert out["recon"].shape == (5, 3, 32, 32)
     assert torch.equal(out["tokens"], tok)
-    for k in ("loss", "recon_loss", "codebook_loss", "commit_loss"):
+    for k in ("loss", "recon_loss", "codebook_loss", "commit_loss", "norm_loss"):
         assert out[k].ndim == 0 and torch.isfinite(out[k])
     # straight-through: the encoder receives gradient from the reconstruction loss
     tiny.zero_grad()
@@ -142,9 +147,28 @@ def test_train_vq_deterministic_and_reports_metrics():
     m2, met2 = train_vq(cfg, **kw)
     sd1, sd2 = m1.state_dict(), m2.state_dict()
     assert all(torch.equal(sd1[k], sd2[k]) for k in sd1)
-    for k in ("heldout_mae", "heldout_mse", "codebook_usage", "perplexity", "train_seconds"):
+    for k in ("heldout_mae", "heldout_mse", "codebook_usage", "perplexity", "reencode_agreement", "train_seconds"):
         assert k in met1 and np.isfinite(met1[k])
     assert met1["heldout_mae"] == met2["heldout_mae"]
     assert 0 < met1["codebook_usage"] <= 1 and 1 <= met1["perplexity"] <= TINY.codebook_size
     m3, _ = train_vq(cfg, **{**kw, "seed": 8})
     assert not torch.equal(m3.embedding.weight, m1.embedding.weight)
+
+
+def test_dead_code_restart_only_touches_dead_codes():
+    from coolsd.toy.vq import _restart_dead_codes
+
+    torch.manual_seed(0)
+    m = ToyVQ(TINY)
+    before = m.embedding.weight.detach().clone()
+    counts = torch.ones(TINY.codebook_size, dtype=torch.long)
+    counts[[3, 7]] = 0
+    z = torch.nn.functional.normalize(torch.randn(2, 8, 8, TINY.codebook_dim), dim=-1)
+    n = _restart_dead_codes(m, counts, z, torch.Generator().manual_seed(0))
+    after = m.embedding.weight.detach()
+    assert n == 2
+    changed = (after != before).any(1).nonzero().flatten().tolist()
+    assert changed == [3, 7]
+    torch.testing.assert_close(after[[3, 7]].norm(dim=1), torch.ones(2))
+    # the new codes sit near (noisy copies of) encoder outputs
+    assert torch.cdist(after[[3, 7]], z.reshape(-1, TINY.codebook_dim)).amin(1).max() < 0.1
