@@ -188,7 +188,7 @@ class JacobiDrafter:
         return tokens, q
 
     def observe(self, info: RoundInfo) -> None:
-        B, n = info.tokens.shape[0], self.n
+        n = self.n
         # p at node j (j = 1..n) predicts depth j+1; one sample from each, SJD's y_j
         p = info.target_probs[:, 1 : n + 1]
         y = sample_inverse_cdf(p, self._u_next)

@@ -65,7 +65,6 @@ def speculative_generate(
     if rule is None and tree.n_nodes > 0:
         raise ValueError("a drafted tree needs an acceptance rule")
     B = batch_size
-    ar = torch.arange(B)
     sync()
     t0 = time.perf_counter()
     prefill = target.begin(cond, B)

@@ -14,7 +14,6 @@ Pure functions of features / predicted labels; the feature network lives in ``co
 from __future__ import annotations
 
 import numpy as np
-from scipy import stats
 
 from coolsd.stats import mean_ci  # noqa: F401  (re-exported for per-image scores)
 from coolsd.metrics.fid import _as_float64, feature_statistics, fid_from_features, frechet_distance_sym, sqrt_psd

@@ -24,7 +24,7 @@ PROMPT_POOL_SEED = 20260  # the 5,000 toy evaluation prompts; disjoint from ever
 
 
 def toy_prompts(n: int, offset: int = 0, pool: int = 5000):
-    if not 0 <= offset and offset + n <= pool:
+    if offset < 0 or offset + n > pool:
         raise ValueError(f"toy prompts [{offset}, {offset + n}) exceed the pool of {pool}")
     return sample_scenes(pool, PROMPT_POOL_SEED)[offset : offset + n]
 
