@@ -7,7 +7,7 @@ VPY     := $(VENV)/bin/python
 TORCH   ?= torch==2.13.0
 STAMP   := $(VENV)/.installed
 
-.PHONY: install run test theory toy-assets demo clean
+.PHONY: install run test theory toy-assets demo paper-table2 clean
 
 $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -27,13 +27,18 @@ test: $(STAMP)
 theory: $(STAMP)
 	$(VPY) -m coolsd.theory
 
-# Retrain every shipped toy-world weight file (deterministic; about 45 min on 2 cores)
+# Retrain every shipped toy-world weight file (deterministic; about 50 min on 2 cores)
 toy-assets: $(STAMP)
 	$(VPY) -m coolsd.toy.assets
 
 # The toy sweep: every method on the same prompts; table + Pareto plot in results/toy/
 demo: $(STAMP)
 	$(VPY) benchmarks/toy_sweep.py
+
+# The COOL-SD Table 2 layout for TARGETS (comma-separated; toy runs anywhere)
+TARGETS ?= toy
+paper-table2: $(STAMP)
+	$(VPY) -m coolsd.report.table2 --targets $(TARGETS)
 
 clean:
 	rm -rf $(VENV) outputs multirun

@@ -26,6 +26,22 @@ class SamplingConfig:
     top_k: int = 0
     top_p: float = 1.0
 
+    @classmethod
+    def resolve(cls, target_defaults=None, overrides=None) -> "SamplingConfig":
+        """The target's protocol values (``target.sampling``), then every non-null entry of
+        ``overrides`` (the top-level ``sampling``: ``python run.py sampling.top_k=0``)."""
+        values = {}
+        for source in (target_defaults or {}, overrides or {}):
+            for k, v in dict(source).items():
+                if k not in cls.__dataclass_fields__:
+                    raise ValueError(f"unknown sampling option {k!r}; valid: {sorted(cls.__dataclass_fields__)}")
+                if v is not None:
+                    values[k] = v
+        out = cls(**values)
+        if out.temperature < 0 or out.top_k < 0 or not 0 < out.top_p <= 1:
+            raise ValueError(f"invalid sampling {out}: need temperature >= 0, top_k >= 0, 0 < top_p <= 1")
+        return out
+
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         return warp_probs(logits, self.temperature, self.top_k, self.top_p)
 

@@ -6,12 +6,21 @@ mid-write) and ignore it.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
+
+
+def sha256_file(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def save_png_atomic(image: np.ndarray, path: Path) -> None:
@@ -47,6 +56,35 @@ class RecordWriter:
         return record
 
 
+def resume_records(run_dir: Path, name: str = "samples.jsonl") -> list[dict]:
+    """The complete records of an interrupted run, after dropping a truncated last line from
+    the file (so later appends start on a fresh line). Every record's image must exist and
+    decode: a folder whose images do not match its records is an error, never silently
+    regenerated over."""
+    run_dir = Path(run_dir)
+    path = run_dir / name
+    records = read_records(path)
+    if path.exists():
+        text = path.read_text()
+        if text and not text.endswith("\n"):
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text("".join(json.dumps(r, default=float) + "\n" for r in records))
+            os.replace(tmp, path)
+    for r in records:
+        if "image" not in r:
+            continue
+        img = run_dir / r["image"]
+        try:
+            with Image.open(img) as im:
+                im.load()
+        except (OSError, ValueError) as e:
+            raise ValueError(
+                f"{path}: record (method {r.get('method')!r}, prompt {r.get('prompt_index')}) points to "
+                f"{img}, which is missing or unreadable ({e}); the images folder does not match its records. "
+                "Use a new output folder or restore the images.") from None
+    return records
+
+
 def read_records(path: Path) -> list[dict]:
     """All complete records; a truncated last line is skipped."""
     path = Path(path)
@@ -64,3 +102,34 @@ def read_records(path: Path) -> list[dict]:
                 break  # the run died while writing its last line
             raise ValueError(f"{path}: line {i + 1} is not valid JSON") from None
     return out
+
+
+def _flatten(d, prefix=""):
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def claim_run_dir(run_dir: Path, identity: dict, name: str = "run.json") -> bool:
+    """Bind a run folder to the configuration that fills it. A new folder gets ``run.json``;
+    a folder that has one must hold the same identity (then the run resumes: returns True),
+    otherwise it is an error naming the keys that differ, and nothing in it is touched."""
+    path = Path(run_dir) / name
+    ident = json.loads(json.dumps(identity, default=float))
+    if path.exists():
+        old = json.loads(path.read_text())
+        if old != ident:
+            a, b = _flatten(old), _flatten(ident)
+            diff = sorted(k for k in a.keys() | b.keys() if a.get(k, "<absent>") != b.get(k, "<absent>"))
+            shown = ", ".join(f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}" for k in diff[:8])
+            raise ValueError(
+                f"{run_dir} holds a run of another configuration ({shown}); "
+                "use a new output folder (nothing was overwritten)")
+        return True
+    write_json_atomic(ident, path)
+    return False

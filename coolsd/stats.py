@@ -25,12 +25,18 @@ def mean_ci(x, level: float = 0.95) -> dict:
     return {"mean": m, "ci95": [m - half, m + half], "lo": m - half, "hi": m + half, "half_width": half, "std": sd, "n": n}
 
 
-def ratio_ci(num, den, level: float = 0.95, resamples: int = 2000, seed: int = 0) -> dict:
-    """mean(num) / mean(den) with a bootstrap CI, resampling each independently (speed-up =
-    mean AR latency / mean method latency)."""
+def ratio_ci(num, den, level: float = 0.95, resamples: int = 2000, seed: int = 0, paired: bool = False) -> dict:
+    """mean(num) / mean(den) with a bootstrap CI (speed-up = mean AR latency / mean method
+    latency). ``paired``: num[i] and den[i] belong together (the same prompt), so each resample
+    draws one set of indices for both; otherwise each is resampled independently."""
     num, den = np.asarray(num, float), np.asarray(den, float)
+    if paired and len(num) != len(den):
+        raise ValueError(f"paired ratio needs equal lengths, got {len(num)} and {len(den)}")
     r = np.random.default_rng(seed)
-    boots = [num[r.integers(0, len(num), len(num))].mean() / den[r.integers(0, len(den), len(den))].mean()
-             for _ in range(resamples)]
+    boots = []
+    for _ in range(resamples):
+        i = r.integers(0, len(num), len(num))
+        j = i if paired else r.integers(0, len(den), len(den))
+        boots.append(num[i].mean() / den[j].mean())
     lo, hi = np.quantile(boots, [(1 - level) / 2, (1 + level) / 2])
     return {"mean": float(num.mean() / den.mean()), "ci95": [float(lo), float(hi)], "n": int(min(len(num), len(den)))}

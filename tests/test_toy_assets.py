@@ -88,23 +88,85 @@ def test_missing_or_corrupted_weights_are_named(tmp_path):
         load_toy_world(d)
 
 
-def test_killed_run_leaves_nothing_half_written(tmp_path):
-    out = tmp_path / "run"
-    cmd = [sys.executable, "run.py", "target=toy", "method=eagle", "dataset.n_prompts=40", f"+out_dir={out}"]
+def _compose(*overrides):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def _identity(records):
+    keys = ("method", "prompt_index", "seed", "round_lengths", "target_forwards", "image")
+    return sorted(tuple(json.dumps(r[k]) for k in keys) for r in records)
+
+
+def test_killed_run_resumes_without_losing_or_repeating_samples(tmp_path):
+    from coolsd.runner import run
+
+    out, ref = tmp_path / "run", tmp_path / "ref"
+    n = 5
+    cmd = [sys.executable, "run.py", "method=eagle", f"dataset.n_prompts={n}", f"+out_dir={out}"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
-    while time.time() < deadline and len(read_records(out / "samples.jsonl")) < 5:
-        time.sleep(0.2)
+    while time.time() < deadline and len(read_records(out / "samples.jsonl")) < 3 and proc.poll() is None:
+        time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    records = read_records(out / "samples.jsonl")
-    assert len(records) >= 5
-    for r in records:  # every record points to a complete PNG
+    first = read_records(out / "samples.jsonl")
+    assert 3 <= len(first) < 2 * n, "the run must be killed part-way"
+    for r in first:  # every record points to a complete PNG; no final-named image is truncated
         with Image.open(out / r["image"]) as im:
             im.load()
-            assert im.size == (32, 32)
-    finals = [p for p in (out / "images").rglob("*.png")]
-    for p in finals:  # no final-named image is truncated
+    for p in (out / "images").rglob("*.png"):
         with Image.open(p) as im:
             im.load()
-    assert not (out / "summary.json").exists() or json.loads((out / "summary.json").read_text())
+    assert not (out / "summary.json").exists()
+
+    summary = run(_compose("method=eagle", f"dataset.n_prompts={n}", f"+out_dir={out}"))  # resume
+    resumed = read_records(out / "samples.jsonl")
+    assert len(resumed) == 2 * n and resumed[: len(first)] == first  # nothing lost, nothing rewritten
+    run(_compose("method=eagle", f"dataset.n_prompts={n}", f"+out_dir={ref}"))  # uninterrupted
+    assert _identity(resumed) == _identity(read_records(ref / "samples.jsonl"))  # none repeated, same samples
+    for r in resumed:
+        a, b = (np.asarray(Image.open(d / r["image"])) for d in (out, ref))
+        assert np.array_equal(a, b)
+    assert summary["results"]["eagle"]["accepted_length"]["n"] == n
+
+
+def test_run_folder_of_another_configuration_is_refused(tmp_path):
+    from coolsd.runner import run
+
+    run(_compose("method=coolsd", "dataset.n_prompts=2", f"+out_dir={tmp_path}"))
+    before = (tmp_path / "samples.jsonl").read_bytes()
+    with pytest.raises(ValueError, match=r"another configuration \(.*seed: 0 -> 1.*nothing was overwritten"):
+        run(_compose("method=coolsd", "dataset.n_prompts=2", "seed=1", f"+out_dir={tmp_path}"))
+    assert (tmp_path / "samples.jsonl").read_bytes() == before
+
+
+def test_images_that_do_not_match_records_are_an_error(tmp_path):
+    from coolsd.runner import run
+
+    cfg = _compose("method=ar", "dataset.n_prompts=2", f"+out_dir={tmp_path}")
+    run(cfg)
+    rec = read_records(tmp_path / "samples.jsonl")[0]
+    (tmp_path / rec["image"]).unlink()
+    with pytest.raises(ValueError, match=r"does not match its records"):
+        run(cfg)
+
+
+@pytest.mark.parametrize("method", ["ar", "eagle", "uniform_rsd", "coolsd", "lantern", "lantern_pp", "sjd"])
+def test_main_job_runs_every_method(tmp_path, method):
+    from coolsd.runner import run
+
+    cfg = _compose(f"method={method}", "dataset.n_prompts=2", f"+out_dir={tmp_path}")
+    assert cfg.target.kind == "toy"  # the default target is the shipped toy world
+    summary = run(cfg)
+    tags = ["ar"] if method == "ar" else ["ar", method]
+    assert list(summary["results"]) == tags
+    records = read_records(tmp_path / "samples.jsonl")
+    assert [r["method"] for r in records] == tags * 2
+    for tag in tags:
+        e = summary["results"][tag]
+        assert 1.0 <= e["accepted_length"]["mean"] and e["latency_s"]["mean"] > 0
+        assert 0.0 <= e["toy_clip"]["mean"] <= 1.0 and e["toy_fid"]["fid"] >= 0
+    assert "speedup" in summary["results"][tags[-1]] and (tmp_path / "grid.png").is_file()

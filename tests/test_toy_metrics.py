@@ -218,6 +218,33 @@ def test_mean_ci_is_a_t_interval_and_bootstrap_is_seeded():
     assert bootstrap_fid_ci(a, b, n_resamples=5, seed=7, resample_ref=True)["n_resamples"] == 5
 
 
+def test_paired_fid_difference_and_paired_speedup():
+    from coolsd.metrics import paired_fid_difference_ci
+    from coolsd.stats import ratio_ci
+
+    r = np.random.default_rng(5)
+    ref = r.normal(size=(150, 6))
+    a = ref + 0.3 * r.normal(size=(150, 6))
+    same = paired_fid_difference_ci(a, a, ref, n_resamples=30, seed=1)
+    assert same["diff"] == 0 and same["lo"] == 0 and same["hi"] == 0
+    worse = a + 1.0  # a shifted mean: clearly higher FID, the interval excludes 0
+    d = paired_fid_difference_ci(worse, a, ref, n_resamples=30, seed=1)
+    assert d["diff"] == pytest.approx(fid_from_features(worse, ref) - fid_from_features(a, ref))
+    assert 0 < d["lo"] <= d["hi"]
+    assert d == paired_fid_difference_ci(worse, a, ref, n_resamples=30, seed=1)
+    b = ref + 0.3 * r.normal(size=(150, 6))  # a's distribution, independent draw: within noise
+    n = paired_fid_difference_ci(b, a, ref, n_resamples=100, seed=1)
+    assert n["lo"] < 0 < n["hi"]
+    with pytest.raises(ValueError, match="equal rows"):
+        paired_fid_difference_ci(a[:10], a, ref)
+    # paired speed-up: latencies that move together give a tighter interval than unpaired
+    base = r.uniform(0.5, 2.0, size=60)
+    num, den = 2 * base, base * r.uniform(0.95, 1.05, size=60)
+    p, u = ratio_ci(num, den, paired=True), ratio_ci(num, den)
+    assert p["ci95"][0] < p["mean"] < p["ci95"][1]
+    assert p["ci95"][1] - p["ci95"][0] < (u["ci95"][1] - u["ci95"][0]) / 3
+
+
 # ---- training determinism and persistence -------------------------------------------------------
 def test_training_is_deterministic_given_seed():
     kw = dict(steps=3, batch_size=16, n_train=48, n_eval=16, log=None, config=TINY)

@@ -93,3 +93,18 @@ def test_every_method_config_matches_its_registry_entry():
             m = OmegaConf.to_container(cfg.method)
             assert m.pop("name") == name
             assert m == method_params(name), name
+
+
+def test_sampling_resolves_target_defaults_then_overrides():
+    from coolsd.drafting import SamplingConfig
+
+    target = {"temperature": 1.0, "top_k": 64, "top_p": 1.0}
+    assert SamplingConfig.resolve(target, {"temperature": None, "top_k": None, "top_p": None}).top_k == 64
+    assert SamplingConfig.resolve(target, {"top_k": 0}) == SamplingConfig(1.0, 0, 1.0)
+    assert SamplingConfig.resolve(None, None) == SamplingConfig()
+    with pytest.raises(ValueError, match=r"unknown sampling option 'topk'"):
+        SamplingConfig.resolve(target, {"topk": 5})
+    with pytest.raises(ValueError, match=r"invalid sampling.*top_k >= 0"):
+        SamplingConfig.resolve(target, {"top_k": -1})
+    with pytest.raises(ValueError, match=r"invalid sampling.*top_p <= 1"):
+        SamplingConfig.resolve(target, {"top_p": 0.0})

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from coolsd.decoding.sampling import cfg_combine
 from coolsd.models.kv_cache import KVCache
-from coolsd.models.llamagen import check_2d_rope, LlamaGenConfig, RMSNorm, apply_rope, rope_2d
+from coolsd.models.llamagen import check_2d_rope, LlamaGenConfig, RMSNorm, apply_rope, rope_2d, rotation
 from coolsd.protocols import StepOut
 
 # LANTERN's ``input_type`` sets the RoPE grid of the drafter (``cnets_llamagen.Model.__init__``).
@@ -132,11 +132,11 @@ class EagleAttention(nn.Module):
         self.v_proj = nn.Linear(H, H, bias=False)
         self.o_proj = nn.Linear(H, H, bias=False)
 
-    def forward(self, x: torch.Tensor, cos, sin, attn: AttnFn) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rot, attn: AttnFn) -> torch.Tensor:
         B, m, H = x.shape
         shape = (B, m, self.n_head, self.head_dim)
-        q = apply_rope(self.q_proj(x).view(shape), cos, sin)
-        k = apply_rope(self.k_proj(x).view(shape), cos, sin)
+        q = apply_rope(self.q_proj(x).view(shape), rot)
+        k = apply_rope(self.k_proj(x).view(shape), rot)
         v = self.v_proj(x).view(shape)
         out = attn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return self.o_proj(out.transpose(1, 2).reshape(B, m, H))
@@ -163,9 +163,9 @@ class EagleDecoderLayer(nn.Module):
             self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos, sin, attn: AttnFn) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rot, attn: AttnFn) -> torch.Tensor:
         h = x if self.index == 0 else self.input_layernorm(x)
-        x = x + self.self_attn(h, cos, sin, attn)
+        x = x + self.self_attn(h, rot, attn)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -233,7 +233,7 @@ class EagleHead(nn.Module):
         tokens, positions = tokens.to(dev), positions.to(dev)
         emb = self.embed_tokens(tokens).to(self.dtype)
         x = self.fc(torch.cat([emb, features.to(dev, self.dtype)], dim=-1))
-        cos, sin = self.rope(positions)
+        rot = rotation(*self.rope(positions))
         if cache is None:
             if attend is None:
                 attend = torch.ones(m, m, dtype=torch.bool, device=dev).tril()
@@ -250,7 +250,7 @@ class EagleHead(nn.Module):
                 return lambda q, k, v: cache.attend(i, q, k, v, step)
 
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, make_attn(i))
+            x = layer(x, rot, make_attn(i))
         if cache is not None:
             cache.advance(m)
         return x

@@ -101,7 +101,8 @@ def eagle_loss(
     cfg_scale: Optional[float] = None,
 ) -> tuple[torch.Tensor, dict]:
     """The LANTERN loss of one batch and its statistics (vloss, ploss, top1, top3, n; for
-    guided batches with ``cfg_scale`` also top1_cfg: CFG-combined drafter vs target argmax)."""
+    guided batches with ``cfg_scale`` also top1_cfg: CFG-combined drafter vs target argmax, and
+    accept_cfg: the expected acceptance rate sum_x min(p, q) of exact verification)."""
     batch = batch.to(head.device, head.dtype)
     tokens, inputs, positions, targets, P = assemble(batch)
     if noise_std:
@@ -131,6 +132,11 @@ def eagle_loss(
             d = cfg_combine(out_logits[:B], out_logits[B:], cfg_scale).argmax(-1)
             t = cfg_combine(tgt_logits[:B], tgt_logits[B:], cfg_scale).argmax(-1)
             stats["top1_cfg"] = (d == t).double().mean().item()
+            # expected per-token acceptance of exact speculative sampling at temperature 1,
+            # sum_x min(p, q) over the CFG-combined distributions (METHODS.md 1.3)
+            pq = torch.minimum(cfg_combine(out_logits[:B], out_logits[B:], cfg_scale).softmax(-1),
+                               cfg_combine(tgt_logits[:B], tgt_logits[B:], cfg_scale).softmax(-1))
+            stats["accept_cfg"] = pq.sum(-1).double().mean().item()
     return loss, stats
 
 
@@ -247,6 +253,20 @@ def train_eagle(
 
 
 # ---------------------------------------------------------------------------------------- LlamaGen data
+@torch.no_grad()
+def target_samples(target, cond: Any, n_tokens: int, seeds: Sequence[int], sampling=None) -> torch.Tensor:
+    """(B, n_tokens) image tokens sampled from ``target`` (CFG and warpers as at inference) by
+    plain AR through the production loop: LANTERN's drafter data are the target's own samples,
+    so the drafter learns the prefixes it will meet when drafting."""
+    from coolsd.decoding.rng import PerSampleRNG
+    from coolsd.drafting import SamplingConfig
+    from coolsd.generate import speculative_generate
+
+    res = speculative_generate(target, n_tokens, PerSampleRNG(list(seeds)), cond=cond, batch_size=len(seeds),
+                               sampling=sampling or SamplingConfig())
+    return res.tokens
+
+
 @torch.no_grad()
 def llamagen_features(
     model,

@@ -22,6 +22,7 @@ from coolsd.metrics.toy import (
     bootstrap_fid_ci,
     caption_attributes,
     mean_ci,
+    paired_fid_difference_ci,
     toy_clip,
     toy_clip_scores,
     toy_fid,
@@ -32,6 +33,7 @@ __all__ = [
     "StreamingStats", "feature_statistics", "frechet_distance", "frechet_distance_sym", "sqrt_psd",
     "fid_from_features",
     "toy_fid", "toy_clip", "toy_clip_scores", "caption_attributes", "mean_ci", "bootstrap_fid_ci",
+    "paired_fid_difference_ci",
 ]
 
 

@@ -29,6 +29,7 @@ class CacheStep:
     mask: torch.Tensor  # (B, 1, m, span) bool, True = attend
     slots: torch.Tensor  # (B, m) long, where the new entries are written
     span: int  # attention runs over slots [0, span) only
+    start: Optional[int] = None  # when every sample writes slots [start, start + m): slice writes
 
 
 class KVCache:
@@ -70,6 +71,7 @@ class KVCache:
         self.hidden_slots = torch.zeros(B, self.max_len, dtype=torch.bool, device=self.device)
         self.n_pending = 0
         self._max_committed = 0  # host copy of int(length.max()), refreshed by commit
+        self._same_length = True  # host copy of bool(length == length[0]).all()
 
     # ------------------------------------------------------------------ forward side
     def prepare(self, attend: torch.Tensor, m: int) -> CacheStep:
@@ -91,15 +93,21 @@ class KVCache:
         pending = torch.gather(att, 2, idx) & in_pending.unsqueeze(1)
         mask = (committed.unsqueeze(1) | pending).unsqueeze(1)
         slots = self.length.unsqueeze(1) + P + torch.arange(m, device=self.device)
-        return CacheStep(mask=mask, slots=slots, span=span)
+        start = self._max_committed + P if self._same_length else None
+        return CacheStep(mask=mask, slots=slots, span=span, start=start)
 
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: CacheStep
     ) -> torch.Tensor:
         """Write the new k, v (B, H, m, D) as pending entries of ``layer`` and attend q (B, H, m, D)."""
-        idx = step.slots[:, None, :, None].expand_as(k)
-        self.k[layer].scatter_(2, idx, k)
-        self.v[layer].scatter_(2, idx, v)
+        if step.start is not None:
+            m = k.shape[2]
+            self.k[layer][:, :, step.start : step.start + m] = k
+            self.v[layer][:, :, step.start : step.start + m] = v
+        else:
+            idx = step.slots[:, None, :, None].expand_as(k)
+            self.k[layer].scatter_(2, idx, k)
+            self.v[layer].scatter_(2, idx, v)
         keys = self.k[layer][:, :, : step.span]
         values = self.v[layer][:, :, : step.span]
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=step.mask)
@@ -119,6 +127,8 @@ class KVCache:
         if bool(((n_keep < 0) | (n_keep > P) | (n_keep > keep.shape[1])).any()):
             raise ValueError(f"n_keep must lie in [0, min({P} pending, {keep.shape[1]} keep columns)]")
         K = min(keep.shape[1], P)  # n_keep <= P, so columns beyond P are never kept
+        if K > 0 and hide is None and self._keeps_in_place(keep[:, :K], n_keep):
+            K = 0  # kept entries already sit at length + j: nothing to move or unhide
         if K > 0:
             j = torch.arange(K, device=self.device)
             valid = j.unsqueeze(0) < n_keep.unsqueeze(1)  # (B, K)
@@ -140,6 +150,12 @@ class KVCache:
         self.length = self.length + n_keep
         self.n_pending = 0
         self._max_committed = int(self.length.max()) if B else 0
+        self._same_length = bool((self.length == self.length[:1]).all()) if B else True
+
+    def _keeps_in_place(self, keep: torch.Tensor, n_keep: torch.Tensor) -> bool:
+        """Whether keep[b, j] == j for every kept j (AR steps, accepted chain prefixes)."""
+        j = torch.arange(keep.shape[1], device=self.device)
+        return bool(((keep == j) | (j >= n_keep.unsqueeze(1))).all())
 
     # ------------------------------------------------------------------ capacity
     def _grow(self, needed: int) -> None:

@@ -18,6 +18,7 @@ image token j predicts token j + 1, the output at text slot T-1 predicts image t
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Optional
 
@@ -95,6 +96,12 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+@functools.lru_cache(maxsize=32)
+def _rope_freqs(half: int, base: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    exponents = torch.arange(0, half, 2, device=device)[: half // 2].to(dtype) / half
+    return 1.0 / (base**exponents)
+
+
 def rope_2d(
     positions: torch.Tensor, cfg: LlamaGenConfig, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,9 +110,7 @@ def rope_2d(
     Equal to upstream's ``precompute_freqs_cis_2d`` row T + j for index j < block_size (the same
     fp32 operations); indices past the grid continue the row-major formula.
     """
-    half = cfg.head_dim // 2
-    exponents = torch.arange(0, half, 2, device=positions.device)[: half // 2].to(dtype) / half
-    freqs = 1.0 / (cfg.rope_base**exponents)
+    freqs = _rope_freqs(cfg.head_dim // 2, cfg.rope_base, dtype, positions.device)
     g = cfg.grid_size
     row = (positions // g).to(dtype).unsqueeze(-1) * freqs
     col = (positions % g).to(dtype).unsqueeze(-1) * freqs
@@ -113,12 +118,18 @@ def rope_2d(
     return torch.cos(angles), torch.sin(angles)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (B, m, H, D) rotated pairwise (x[2i], x[2i+1]) by (cos, sin) (B, m, D/2)."""
-    xs = x.to(cos.dtype).reshape(*x.shape[:-1], -1, 2)
-    c, s = cos.unsqueeze(2), sin.unsqueeze(2)
-    out = torch.stack([xs[..., 0] * c - xs[..., 1] * s, xs[..., 1] * c + xs[..., 0] * s], dim=-1)
-    return out.flatten(3).to(x.dtype)
+def rotation(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """(cos, sin) (B, m, D/2) -> the complex rotation (B, m, 1, D/2) that ``apply_rope`` takes;
+    built once per forward and shared by every layer."""
+    return torch.complex(cos, sin).unsqueeze(2)
+
+
+def apply_rope(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
+    """x (B, m, H, D) rotated pairwise (x[2i], x[2i+1]) by ``rot`` = cos + i sin (B, m, 1, D/2):
+    one complex product per pair, upstream's rotation, in the compute dtype of ``rot``."""
+    real = torch.float64 if rot.dtype == torch.complex128 else torch.float32
+    xs = torch.view_as_complex(x.to(real).reshape(*x.shape[:-1], -1, 2).contiguous())
+    return torch.view_as_real(xs * rot).flatten(3).to(x.dtype)
 
 
 # ---------------------------------------------------------------------------------------- modules
@@ -129,8 +140,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.to(_compute_dtype(x.dtype))
-        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        if x.dtype == _compute_dtype(x.dtype) and x.dtype == self.weight.dtype:  # fp32 / fp64: one fused kernel
+            return F.rms_norm(x, x.shape[-1:], weight=self.weight, eps=self.eps)
+        # low precision: normalise in fp32, cast back, then scale (upstream's order)
+        normed = F.rms_norm(x.to(_compute_dtype(x.dtype)), x.shape[-1:], eps=self.eps)  # x * rsqrt(mean(x^2) + eps)
         return normed.to(x.dtype) * self.weight
 
 
@@ -177,10 +190,10 @@ class Attention(nn.Module):
         self.wqkv = nn.Linear(cfg.dim, 3 * cfg.dim, bias=False)  # fused [q; k; v], plain MHA
         self.wo = nn.Linear(cfg.dim, cfg.dim, bias=False)
 
-    def forward(self, x, cos, sin, cache: KVCache, layer: int, step: CacheStep) -> torch.Tensor:
+    def forward(self, x, rot, cache: KVCache, layer: int, step: CacheStep) -> torch.Tensor:
         B, m, dim = x.shape
         q, k, v = (t.view(B, m, self.n_head, self.head_dim) for t in self.wqkv(x).split(dim, dim=-1))
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = apply_rope(q, rot), apply_rope(k, rot)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if cache is None:  # training: full sequence, ``step`` is the (B, 1, m, m) bool mask
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=step)
@@ -197,8 +210,8 @@ class TransformerBlock(nn.Module):
         self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
 
-    def forward(self, x, cos, sin, cache: KVCache, layer: int, step: CacheStep) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin, cache, layer, step)
+    def forward(self, x, rot, cache: KVCache, layer: int, step: CacheStep) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), rot, cache, layer, step)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -231,8 +244,9 @@ class LlamaGenGPT(nn.Module):
         pending in ``cache``, each attending committed entries and the pending ones ``attend``
         allows ((m, P+m) or (B, m, P+m))."""
         step = cache.prepare(attend, h.shape[1])
+        rot = rotation(cos, sin)
         for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, cache, i, step)
+            h = layer(h, rot, cache, i, step)
         cache.advance(h.shape[1])
         return self.norm(h)
 
@@ -249,14 +263,14 @@ class LlamaGenGPT(nn.Module):
         pos = torch.arange(N1, device=self.device).expand(B, N1)
         cos_i, sin_i = rope_2d(pos, cfg, cdt)
         zeros = torch.zeros(B, T, cfg.head_dim // 2, dtype=cdt, device=self.device)
-        cos, sin = torch.cat([zeros, cos_i], 1), torch.cat([zeros, sin_i], 1)
+        rot = rotation(torch.cat([zeros, cos_i], 1), torch.cat([zeros, sin_i], 1))
         L = T + N1
         key_ok = torch.cat([emb_mask.bool(), torch.ones(B, N1, dtype=torch.bool, device=self.device)], 1)
         causal = torch.ones(L, L, dtype=torch.bool, device=self.device).tril()
         mask = (causal & key_ok.unsqueeze(1)) | torch.eye(L, dtype=torch.bool, device=self.device)
         mask = mask.unsqueeze(1)
         for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, None, i, mask)
+            h = layer(h, rot, None, i, mask)
         return self.norm(h)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

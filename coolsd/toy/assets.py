@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from safetensors.torch import save_file
 from coolsd.decoding.lantern import neighbours_from_codebook
 from coolsd.drafters.eagle import EagleConfig, EagleDrafter, EagleHead
 from coolsd.models.llamagen import LlamaGenConfig, LlamaGenGPT, LlamaGenTarget
+from coolsd.records import sha256_file
 from coolsd.toy.features import ToyFeatureExtractor, load_feature_net, save_feature_net, train_feature_net
 from coolsd.toy.target import TOY_GPT, CaptionEncoder
 from coolsd.toy.vq import load_vq, save_vq, train_vq
@@ -32,15 +32,8 @@ ASSETS_DIR = Path(__file__).parent / "assets"
 FILES = {"vq": "vq.safetensors", "target": "target.safetensors", "drafter": "drafter.safetensors",
          "features": "features.safetensors"}
 REBUILD = "run `make toy-assets` to rebuild it"
-TARGET_DATA_SEED = 7001  # training scenes of target and drafter; evaluation prompts use another
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+TARGET_DATA_SEED = 7001
+TOY_CFG_SCALE = 3.0  # the guidance the drafter is trained and evaluated under (conf/target/toy.yaml)  # training scenes of target and drafter; evaluation prompts use another
 
 
 def _save(path: Path, tensors: dict, fmt: str, config: dict) -> None:
@@ -80,7 +73,7 @@ def check_manifest(assets_dir: Path) -> dict:
         f = assets_dir / fname
         if not f.is_file():
             raise FileNotFoundError(f"toy weights {f} not found; {REBUILD}")
-        if _sha256(f) != manifest["sha256"][fname]:
+        if sha256_file(f) != manifest["sha256"][fname]:
             raise ValueError(f"toy weights {f} are corrupted (sha256 differs from manifest.json); {REBUILD}")
     return manifest
 
@@ -135,6 +128,54 @@ def _dataset(vq, n: int, seed: int, enc: CaptionEncoder):
     return enc.ids([s.caption for s in scenes]), torch.cat(tokens)
 
 
+def _target_data(gpt, enc, ids, seed: int, log, chunk: int = 256):
+    """The target's own CFG samples for the given captions and their features (both CFG halves),
+    computed once: (tokens (n, N), features (n, N+1, 2, H))."""
+    from coolsd.drafters.train import llamagen_features, target_samples
+
+    target = LlamaGenTarget(gpt, cfg_scale=TOY_CFG_SCALE)
+    toks, feats = [], []
+    t0 = time.perf_counter()
+    for i in range(0, len(ids), chunk):
+        cond = enc(ids[i : i + chunk])
+        t = target_samples(target, cond, gpt.config.block_size, [seed * 1_000_003 + i + j for j in range(len(cond["emb_mask"]))])
+        toks.append(t)
+        feats.append(llamagen_features(gpt, cond, t, both_halves=True)[0])
+        log(f"[toy drafter] target samples {i + len(t)}/{len(ids)} ({time.perf_counter() - t0:.0f}s)")
+    return torch.cat(toks), torch.cat(feats)
+
+
+def _train_drafter(gpt, enc, ids, vids, steps: int, n_gen: int, log, batch_size: int = 32):
+    """EAGLE-1 head on the target's own samples (LANTERN recipe; coolsd.drafters.train)."""
+    from coolsd.drafters.train import EagleBatch, evaluate_eagle, train_eagle
+
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        toks, feats = _target_data(gpt, enc, ids[:n_gen], seed=1, log=log)
+        vt, vf = _target_data(gpt, enc, vids[:256], seed=2, log=log)
+    data_s = time.perf_counter() - t0
+    head = EagleHead.from_target(gpt, seed=0)
+    g = torch.Generator().manual_seed(1)
+
+    def batch_at(step):
+        idx = torch.randint(0, len(toks), (batch_size,), generator=g)
+        return EagleBatch(toks[idx], feats[idx])
+
+    evals = [EagleBatch(vt[i : i + 64], vf[i : i + 64]) for i in range(0, len(vt), 64)]
+
+    def progress(step, stats):
+        if (step + 1) % max(1, steps // 10) == 0:
+            log(f"[toy drafter] step {step + 1}/{steps} loss {stats['loss']:.4f} top1 {stats['top1']:.3f} "
+                f"({time.perf_counter() - t0:.0f}s)")
+
+    t1 = time.perf_counter()
+    train_eagle(head, gpt.output.weight.detach(), batch_at, steps, lr=1e-3, seed=0, on_step=progress)
+    ev = evaluate_eagle(head, gpt.output.weight.detach(), evals, cfg_scale=TOY_CFG_SCALE)
+    log("drafter held-out (target samples): " + ", ".join(f"{k} {float(v):.4f}" for k, v in ev.items()))
+    return head, {**{k: float(v) for k, v in ev.items()}, "n_target_samples": len(toks), "batch_size": batch_size,
+                  "data_seconds": data_s, "train_seconds": time.perf_counter() - t1}
+
+
 def build_assets(out_dir: Path, quick: bool = False, force: bool = False, log=print) -> dict:
     """Train every toy weight file in order VQ -> target -> drafter -> features.
 
@@ -142,13 +183,12 @@ def build_assets(out_dir: Path, quick: bool = False, force: bool = False, log=pr
     whose file already exists is skipped unless ``force`` (so an interrupted build resumes).
     ``manifest.json`` (checksums) is written last, so a half-built folder never loads.
     """
-    from coolsd.drafters.train import evaluate_eagle, llamagen_batch, train_eagle
     from coolsd.toy.train_target import train_target
 
     torch.set_num_threads(2)
     out_dir.mkdir(parents=True, exist_ok=True)
-    steps = {"vq": 300 if quick else 3000, "target": 60 if quick else 1500,
-             "drafter": 60 if quick else 1000, "features": 100 if quick else 1200}
+    steps = {"vq": 300 if quick else 3000, "target": 60 if quick else 2100,
+             "drafter": 60 if quick else 2500, "features": 100 if quick else 1200}
     n_train = 2000 if quick else 40000
     log_path = out_dir / "build_metrics.json"
     metrics: dict = json.loads(log_path.read_text()) if log_path.exists() and not force else {}
@@ -191,24 +231,9 @@ def build_assets(out_dir: Path, quick: bool = False, force: bool = False, log=pr
     gpt.eval(), enc.eval()
 
     if not done("drafter"):
-        head = EagleHead.from_target(gpt, seed=0)
-        W = gpt.output.weight.detach()
-        g = torch.Generator().manual_seed(1)
-
-        def batch_at(step, bs=32):
-            idx = torch.randint(0, len(toks), (bs,), generator=g)
-            with torch.no_grad():
-                return llamagen_batch(gpt, enc(ids[idx]), toks[idx], uncond_prob=0.1, generator=g, both_halves=True)
-
-        with torch.no_grad():
-            evals = [llamagen_batch(gpt, enc(vids[i : i + 100]), vtoks[i : i + 100], both_halves=True)
-                     for i in range(0, 400, 100)]
-        t0 = time.perf_counter()
-        train_eagle(head, W, batch_at, steps["drafter"], lr=1e-3, seed=0)
-        ev = evaluate_eagle(head, W, evals, cfg_scale=3.0)
-        log("drafter held-out: " + ", ".join(f"{k} {float(v):.4f}" for k, v in ev.items()))
+        head, m = _train_drafter(gpt, enc, ids, vids, steps["drafter"], n_gen=512 if quick else 6144, log=log)
         atomic("drafter", lambda p: _save(p, head.state_dict(), "coolsd.toy.eagle", dataclasses.asdict(head.config)))
-        record("drafter", {**{k: float(v) for k, v in ev.items()}, "train_seconds": time.perf_counter() - t0})
+        record("drafter", m)
 
     if not done("features"):
         fnet, m = train_feature_net(steps=steps["features"], seed=0, log=log)
@@ -229,7 +254,7 @@ def build_assets(out_dir: Path, quick: bool = False, force: bool = False, log=pr
         record("features", {**m, **m2})
 
     metrics["total_seconds_this_build"] = time.perf_counter() - t_all
-    manifest = {"sha256": {f: _sha256(out_dir / f) for f in FILES.values()},
+    manifest = {"sha256": {f: sha256_file(out_dir / f) for f in FILES.values()},
                 "bytes": {f: (out_dir / f).stat().st_size for f in FILES.values()}, "metrics": metrics}
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, default=float))
     log(json.dumps(metrics, indent=1, default=lambda x: round(float(x), 5) if isinstance(x, (float, np.floating)) else str(x)))

@@ -9,7 +9,7 @@ from coolsd.models.llamagen import LlamaGenConfig
 from coolsd.toy.world import MAX_CAPTION_TOKENS, WORDS, tokenize
 
 TOY_GPT = LlamaGenConfig(
-    dim=128, n_layer=8, n_head=4, vocab_size=512, cls_token_num=MAX_CAPTION_TOKENS,
+    dim=128, n_layer=12, n_head=4, vocab_size=512, cls_token_num=MAX_CAPTION_TOKENS,
     caption_dim=64, block_size=64, multiple_of=32,
 )
 

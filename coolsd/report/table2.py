@@ -1,0 +1,148 @@
+"""``make paper-table2``: the COOL-SD paper's Table 2 layout for the configured targets, our
+numbers with 95% CIs beside the paper's (METHODS.md 7) and the difference, as Markdown, CSV and
+LaTeX, plus Pareto plots and the paired t-test of accepted length (COOL-SD vs LANTERN++).
+
+``--targets toy`` runs anywhere: the toy world has no paper numbers, so its rows are LlamaGen's
+methods with toy metrics (toy_clip, toy_fid; named as what they are). A real target runs where
+its weight files are present and otherwise stops, before any work, listing the missing files.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import OmegaConf
+
+from coolsd.records import read_records, write_json_atomic
+from coolsd.report.compare import paired_comparison
+from coolsd.report.paper import TABLE2_COLUMNS, table2_rows
+from coolsd.report.plots import pareto_plot
+from coolsd.report.sweep import ROOT, sweep_frame, toy_sweep
+
+# our column per paper column, per target kind (toy metrics are not CLIP score / FID)
+OURS = {"toy": {"clip_score": "toy_clip", "fid": "toy_fid", "image_reward": None, "accepted_length": "accepted_length",
+                "latency_s": "latency_s", "speedup": "speedup"}}
+HEADERS = {"clip_score": "CLIP", "fid": "FID", "image_reward": "ImageReward", "accepted_length": "accepted length",
+           "latency_s": "latency (s)", "speedup": "speed-up"}
+
+
+def tag_of(method: str, params: dict) -> str:
+    return "_".join([method] + [f"{v:g}" if isinstance(v, float) else str(v) for v in params.values()])
+
+
+def check_target(target: str) -> dict:
+    """The target's config; for real targets every weight file it names must exist."""
+    path = ROOT / "conf" / "target" / f"{target}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in (ROOT / "conf" / "target").glob("*.yaml"))
+        raise ValueError(f"unknown target {target!r}: no {path.relative_to(ROOT)}; configured targets: {known}")
+    cfg = OmegaConf.load(path)
+    if cfg.kind in ("toy", "tabular"):
+        if cfg.kind == "tabular":
+            raise ValueError("target 'tabular' is the theory lab (exact statistics), not an image target")
+        return cfg
+    files = OmegaConf.to_container(cfg.get("files", {}), resolve=True) or {}
+    missing = [f"{k}: {v}" for k, v in files.items() if not v or not Path(v).exists()]
+    if missing or not files:
+        raise FileNotFoundError(f"target {target!r} cannot run here; missing weight files:\n  " + "\n  ".join(
+            missing or ["(the target lists no files; its adapter is not available yet)"]))
+    raise NotImplementedError(f"target {target!r}: sweeps of real targets need the adapter of issue #5")
+
+
+def build_table(target: str, table: dict) -> pd.DataFrame:
+    df = sweep_frame(table).set_index("tag")
+    ours = OURS[target if target == "toy" else "real"]
+    rows = []
+    for r in table2_rows(target):
+        tag = tag_of(r["method"], r["params"])
+        row = {"target": target, "method": r["label"], "tag": tag}
+        for col in TABLE2_COLUMNS:
+            name = ours[col]
+            have = name is not None and name in df.columns and pd.notna(df.loc[tag, name])
+            row[f"{col}_ours_metric"] = name
+            row[f"{col}_ours"] = float(df.loc[tag, name]) if have else None
+            row[f"{col}_lo"] = float(df.loc[tag, name + "_lo"]) if have else None
+            row[f"{col}_hi"] = float(df.loc[tag, name + "_hi"]) if have else None
+            row[f"{col}_paper"] = r["paper"][col]
+            both = have and r["paper"][col] is not None and name == col
+            row[f"{col}_diff"] = row[f"{col}_ours"] - r["paper"][col] if both else None
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _cell(r, col, latex=False):
+    v = r[f"{col}_ours"]
+    fmt = "{:.2f}" if col in ("fid", "accepted_length", "speedup") else "{:.4f}" if col != "latency_s" else "{:.3f}"
+    ours = "-" if v is None or pd.isna(v) else f"{fmt.format(v)} [{fmt.format(r[f'{col}_lo'])}, {fmt.format(r[f'{col}_hi'])}]"
+    p = r[f"{col}_paper"]
+    paper = "-" if p is None or pd.isna(p) else fmt.format(p)
+    d = r[f"{col}_diff"]
+    diff = "" if d is None or pd.isna(d) else f" ({'+' if d >= 0 else ''}{fmt.format(d)})"
+    return ours, paper + diff
+
+
+def write_tables(df: pd.DataFrame, out: Path) -> None:
+    cols = list(TABLE2_COLUMNS)
+
+    def ours_header(c):  # name the metric we computed where it is not the paper's (toy_clip, toy_fid)
+        names = sorted({r[f"{c}_ours_metric"] for _, r in df.iterrows() if r[f"{c}_ours_metric"] not in (None, c)})
+        return f"{HEADERS[c]} ours" + (f" ({'/'.join(names)})" if names else "")
+
+    md = ["| target | method | " + " | ".join(f"{ours_header(c)} | {HEADERS[c]} paper (diff)" for c in cols) + " |",
+          "|---|---|" + "---|---|" * len(cols)]
+    tex = [r"\begin{tabular}{ll" + "rr" * len(cols) + "}", r"\toprule",
+           "target & method & " + " & ".join(f"{ours_header(c)} & paper".replace("_", r"\_") for c in cols) + r" \\", r"\midrule"]
+    for _, r in df.iterrows():
+        cells = [_cell(r, c) for c in cols]
+        md.append(f"| {r['target']} | {r['method']} | " + " | ".join(f"{o} | {p}" for o, p in cells) + " |")
+        esc = lambda s: s.replace("_", r"\_").replace("[", "{[}").replace("]", "{]}")  # noqa: E731
+        tex.append(f"{esc(r['target'])} & {esc(r['method'])} & " + " & ".join(f"{esc(o)} & {esc(p)}" for o, p in cells) + r" \\")
+    tex += [r"\bottomrule", r"\end{tabular}"]
+    metric_names = sorted({f"{c}: {r[f'{c}_ours_metric']}" for _, r in df.iterrows() for c in cols
+                           if r[f"{c}_ours_metric"] and r[f"{c}_ours_metric"] != c})
+    note = ("Ours: mean [95% CI] over prompts; paper: COOL-SD Table 2 (A100 40GB). "
+            + (f"Columns computed with other metrics: {', '.join(metric_names)} (toy metrics are not CLIP / FID, so "
+               "no difference is shown)." if metric_names else ""))
+    (out / "table2.md").write_text(note + "\n\n" + "\n".join(md) + "\n")
+    (out / "table2.tex").write_text("% " + note + "\n" + "\n".join(tex) + "\n")
+    df.to_csv(out / "table2.csv", index=False)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--targets", default="toy", help="comma-separated target names (conf/target/*.yaml)")
+    ap.add_argument("--prompts", type=int, default=60, help="prompts per target (the paper: 5,000)")
+    ap.add_argument("--out", type=Path, default=ROOT / "results" / "paper_table2")
+    ap.add_argument("--records", type=Path, default=None, help="records folder (default outputs/paper_table2/<time>)")
+    a = ap.parse_args(argv)
+    targets = [t.strip() for t in a.targets.split(",") if t.strip()]
+    for t in targets:  # every target is checked before any work starts
+        check_target(t)
+    records_root = a.records or ROOT / "outputs" / "paper_table2" / time.strftime("%Y-%m-%d_%H-%M-%S")
+    a.out.mkdir(parents=True, exist_ok=True)
+    frames, summaries = [], {}
+    for t in targets:
+        specs = [(tag_of(r["method"], r["params"]), r["method"], r["params"]) for r in table2_rows(t)]
+        res = toy_sweep(specs, a.prompts, records_root / t)
+        recs = read_records(records_root / t / "samples.jsonl")
+        test = paired_comparison(recs, tag_of("coolsd", {"delta": 1.1}), recs, tag_of("lantern_pp", {"lam": 2.0, "k": 10}))
+        summaries[t] = {"env": res["env"], "results": res["table"], "ttest_coolsd_1.1_vs_lantern_pp": test}
+        frames.append(build_table(t, res["table"]))
+        pareto_plot(sweep_frame(res["table"]), a.out / f"pareto_{t}.png", ["toy_fid", "toy_clip"],
+                    f"{t}: quality against acceleration (95% CIs), Table 2 methods")
+    df = pd.concat(frames, ignore_index=True)
+    write_tables(df, a.out)
+    write_json_atomic(summaries, a.out / "summary.json")
+    print((a.out / "table2.md").read_text())
+    for t, s in summaries.items():
+        x = s["ttest_coolsd_1.1_vs_lantern_pp"]
+        print(f"{t}: accepted length coolsd 1.1 - lantern_pp = {x['diff']['mean']:+.3f} "
+              f"[{x['diff']['lo']:+.3f}, {x['diff']['hi']:+.3f}], paired t-test p = {x['p_value']:.3g} (n = {x['n']})")
+    print(json.dumps({"wrote": str(a.out), "records": str(records_root)}))
+
+
+if __name__ == "__main__":
+    main()
