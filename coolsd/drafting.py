@@ -92,7 +92,9 @@ class ModelDrafter:
     def propose(self, tree: Tree, rng, needed_depth: int) -> tuple[torch.Tensor, torch.Tensor]:
         B, C = self.ctx_tokens.shape
         ar = torch.arange(B)
-        expand_nodes = [i for i in range(tree.n_nodes + 1) if int(tree.n_children()[i]) > 0]
+        n_children = tree.n_children_list
+        expand_nodes = [i for i in range(tree.n_nodes + 1) if n_children[i] > 0]
+        expand_col = {node: j for j, node in enumerate(expand_nodes)}
         V = self.model.vocab_size
         # a fixed number of uniforms per sample and round, whatever the batch needs
         u = rng.uniform(max(len(expand_nodes), 1), V)
@@ -114,22 +116,20 @@ class ModelDrafter:
         node_probs = {0: self.sampling.probs(root_logits)}
         node_hidden = {0: root_hidden}
         forwarded: list[int] = []  # pending tree entries in cache order
-        n_children = tree.n_children()
         depth_to_draft = min(tree.max_depth, needed_depth)
         for d in range(depth_to_draft):
-            level = [int(i) for i in tree.level(d)]
-            for i in level:
-                m = int(n_children[i])
+            for i in tree.levels[d]:
+                m = n_children[i]
                 if m == 0:
                     continue
-                toks, cond = sample_without_replacement(node_probs[i], u[:, expand_nodes.index(i)], m)
+                toks, cond = sample_without_replacement(node_probs[i], u[:, expand_col[i]], m)
                 for r in range(m):
                     c = int(tree.children[i, r])
                     tokens[:, c] = toks[:, r]
                     q[:, c] = cond[:, r].to(q.dtype)
             # run the drafter on level d+1 only if some of its nodes will be expanded
-            nxt = [int(c) for c in tree.level(d + 1)]
-            if d + 1 >= depth_to_draft or not any(int(n_children[c]) > 0 for c in nxt):
+            nxt = tree.levels[d + 1]
+            if d + 1 >= depth_to_draft or not any(n_children[c] > 0 for c in nxt):
                 continue
             allowed = forwarded + nxt
             attend = tree.ancestors[nxt][:, allowed]

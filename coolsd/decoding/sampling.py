@@ -73,6 +73,10 @@ def sample_without_replacement(
     """
     gumbel = -torch.log(-torch.log(u.clamp(_TINY, 1 - 1e-7)))
     keys = torch.log(probs) + gumbel
+    if k == 1:  # one draw: the Gumbel-max token, drawn from Norm(probs) itself (same token as top-1)
+        tokens = keys.argmax(-1, keepdim=True)
+        cond = normalize(probs, torch.zeros_like(probs)).unsqueeze(-2)
+        return tokens, cond
     tokens = torch.topk(keys, k, dim=-1).indices
     onehots = torch.nn.functional.one_hot(tokens, probs.shape[-1]).to(probs.dtype)
     removed = torch.cumsum(onehots, dim=-2) - onehots  # draws before j

@@ -7,6 +7,7 @@ order recursive rejection visits them (METHODS.md 1.3).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -46,6 +47,16 @@ class Tree:
 
     def n_children(self) -> torch.Tensor:
         return (self.children >= 0).sum(1)
+
+    # host-side views for drafting loops, computed once per tree (a frozen tree never changes)
+    @functools.cached_property
+    def n_children_list(self) -> list[int]:
+        return self.n_children().tolist()
+
+    @functools.cached_property
+    def levels(self) -> list[list[int]]:
+        """levels[d]: node indices at depth d, in node order (d = 0 .. max_depth + 1)."""
+        return [self.level(d).tolist() for d in range(self.max_depth + 2)]
 
 
 def chain_paths(length: int) -> list[list[int]]:
