@@ -16,8 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 
 from coolsd.decoding.lantern import neighbours_from_codebook
 from coolsd.drafters.eagle import EagleConfig, EagleDrafter, EagleHead
@@ -26,35 +24,23 @@ from coolsd.records import sha256_file
 from coolsd.toy.features import ToyFeatureExtractor, load_feature_net, save_feature_net, train_feature_net
 from coolsd.toy.target import TOY_GPT, CaptionEncoder
 from coolsd.toy.vq import load_vq, save_vq, train_vq
+from coolsd.toy.weights import REBUILD, read_weights, save_weights
 from coolsd.toy.world import render_batch, sample_scenes
 
 ASSETS_DIR = Path(__file__).parent / "assets"
 FILES = {"vq": "vq.safetensors", "target": "target.safetensors", "drafter": "drafter.safetensors",
          "features": "features.safetensors"}
-REBUILD = "run `make toy-assets` to rebuild it"
 TARGET_DATA_SEED = 7001
 TOY_CFG_SCALE = 3.0  # the guidance the drafter is trained and evaluated under (conf/target/toy.yaml)  # training scenes of target and drafter; evaluation prompts use another
 
 
 def _save(path: Path, tensors: dict, fmt: str, config: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp),
-              metadata={"format": fmt, "config": json.dumps(config)})
-    tmp.replace(path)
+    save_weights(path, tensors, fmt, json.dumps(config))
 
 
 def _load(path: Path, fmt: str) -> tuple[dict, dict]:
-    if not path.is_file():
-        raise FileNotFoundError(f"toy weights {path} not found; {REBUILD}")
-    try:
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            meta = f.metadata() or {}
-            sd = {k: f.get_tensor(k) for k in f.keys()}
-    except Exception as e:
-        raise ValueError(f"toy weights {path} are unreadable ({' '.join(str(e).split())}); {REBUILD}") from e
-    if meta.get("format") != fmt:
-        raise ValueError(f"toy weights {path} are not a {fmt} file; {REBUILD}")
-    return sd, json.loads(meta["config"])
+    sd, config = read_weights(path, fmt)
+    return sd, json.loads(config)
 
 
 def _strict(module: torch.nn.Module, sd: dict, path: Path) -> None:

@@ -29,20 +29,20 @@ import json
 import math
 import time
 from dataclasses import asdict, dataclass, fields
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from coolsd.toy.weights import REBUILD, read_weights, save_weights
 from coolsd.toy.world import IMAGE_SIZE, render_batch, sample_scenes
 
 # Scenes for tokenizer training are drawn from sample_scenes(pool, TRAIN_SEED_BASE + seed);
 # the held-out metrics use HELDOUT_SEED. Both are far from the small seeds used for evaluation.
 TRAIN_SEED_BASE = 1_000_000
 HELDOUT_SEED = 2_000_000
-_REBUILD = "run `make toy-assets` to rebuild it"
+VQ_FORMAT = "coolsd.toy.vq"
 
 
 @dataclass(frozen=True)
@@ -368,32 +368,15 @@ def train_vq(cfg: VQConfig | None = None, steps: int = 3000, batch_size: int = 1
 
 # ---- persistence -------------------------------------------------------------------------
 def save_vq(model: ToyVQ, path) -> None:
-    from safetensors.torch import save_file
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    sd = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(sd, str(tmp), metadata={"format": "coolsd.toy.vq", "config": model.cfg.to_json()})
-    tmp.replace(path)
+    save_weights(path, model.state_dict(), VQ_FORMAT, model.cfg.to_json())
 
 
 def load_vq(path, device="cpu") -> ToyVQ:
-    from safetensors import safe_open
-
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"toy VQ weights {path} not found; {_REBUILD}")
+    sd, config = read_weights(path, VQ_FORMAT, "toy VQ weights")
     try:
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            meta = f.metadata() or {}
-            sd = {k: f.get_tensor(k) for k in f.keys()}
-        if meta.get("format") != "coolsd.toy.vq" or "config" not in meta:
-            raise ValueError("metadata lacks format=coolsd.toy.vq and a config")
-        cfg = VQConfig.from_json(meta["config"])
-        model = ToyVQ(cfg)
+        model = ToyVQ(VQConfig.from_json(config))
         model.load_state_dict(sd, strict=True)
-    except Exception as e:  # corrupt header, bad metadata, shape/key mismatch
+    except Exception as e:  # bad config, shape/key mismatch
         why = " ".join(str(e).split())
-        raise ValueError(f"toy VQ weights {path} are unreadable or do not match ToyVQ ({why}); {_REBUILD}") from e
+        raise ValueError(f"toy VQ weights {path} do not match ToyVQ ({why}); {REBUILD}") from e
     return model.to(device).eval()
