@@ -1,7 +1,5 @@
 """CLIP score (LANTERN protocol): preprocessing, the prefix splice, cosine scores, and
 ``ClipScorer`` on a tiny random CLIPModel + a tiny BPE tokenizer written to tmp_path (offline)."""
-import json
-import string
 
 import numpy as np
 import pytest
@@ -21,48 +19,14 @@ from coolsd.metrics.clip_score import (
     tensor2pil_roundtrip,
 )
 from coolsd.metrics.image_prep import lantern_transform
+from tiny_models import write_tiny_clip
 
-WORDS = ["photo", "depicts", "cat", "dog", "red", "sits", "on", "the", "mat"]
 CAPTIONS = ["a red cat sits on the mat.", "the dog", "a cat, a dog, a mat", "red", "the dog sits on a red mat"]
-
-
-def _write_tiny_bpe(d):
-    """vocab.json / merges.txt in CLIP's format: characters, their word-final ``</w>`` forms,
-    merge results building WORDS, then SOT and EOT (EOT the largest id, as in CLIP)."""
-    chars = list(string.ascii_lowercase) + [".", ","]
-    merges = []
-    for w in WORDS:
-        syms = list(w[:-1]) + [w[-1] + "</w>"]
-        cur = syms[0]
-        for s in syms[1:]:
-            if (cur, s) not in merges:
-                merges.append((cur, s))
-            cur += s
-    toks = list(dict.fromkeys(chars + [c + "</w>" for c in chars] + [a + b for a, b in merges]))
-    toks += ["<|startoftext|>", "<|endoftext|>"]
-    vocab = {t: i for i, t in enumerate(toks)}
-    (d / "vocab.json").write_text(json.dumps(vocab))
-    (d / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
-    return vocab
 
 
 @pytest.fixture(scope="module")
 def clip_dir(tmp_path_factory):
-    from transformers import CLIPConfig, CLIPModel
-
-    d = tmp_path_factory.mktemp("tiny_clip")
-    vocab = _write_tiny_bpe(d)
-    sot, eot = vocab["<|startoftext|>"], vocab["<|endoftext|>"]
-    cfg = CLIPConfig(
-        text_config=dict(vocab_size=len(vocab), hidden_size=32, intermediate_size=37, num_hidden_layers=2,
-                         num_attention_heads=4, max_position_embeddings=77,
-                         bos_token_id=sot, eos_token_id=eot, pad_token_id=eot),
-        vision_config=dict(hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
-                           image_size=32, patch_size=8),
-        projection_dim=16)
-    torch.manual_seed(0)
-    CLIPModel(cfg).eval().save_pretrained(str(d))
-    return d
+    return write_tiny_clip(tmp_path_factory.mktemp("tiny_clip"))
 
 
 @pytest.fixture(scope="module")

@@ -100,3 +100,18 @@ def test_self_drafting_accepts_whole_tree_paths():
     )
     assert res.round_lengths[0][:-1] == [4] * (len(res.round_lengths[0]) - 1)
     assert res.target_forwards[0] == 1 + len(res.round_lengths[0])
+
+
+def test_latency_is_bracketed_by_device_syncs():
+    """METHODS.md 6: the clock starts and stops only after a device sync."""
+    from coolsd.timing import device_sync
+
+    calls = []
+    m = build_method("eagle", tree="chain", draft_length=2)
+    speculative_generate(LlamaGenTarget(TARGET_MODEL, cfg_scale=3.0), 4, PerSampleRNG([0]), rule=m.rule,
+                         drafter=build_drafter(m, LlamaGenTarget(DRAFT_MODEL, cfg_scale=3.0), SamplingConfig(), V),
+                         tree=m.tree, cond=cond([3]), batch_size=1, sync=lambda: calls.append(len(calls)))
+    assert calls == [0, 1]
+    assert device_sync("cpu")() is None
+    if torch.cuda.is_available():
+        device_sync("cuda")()

@@ -33,6 +33,7 @@ from coolsd.metrics.inception import (
     expected_state_shapes,
     load_inception,
 )
+from tiny_models import random_inception
 
 # sha256 of the sorted lines "<key> <shape>\n" (shape as "(32,3,3,3)" / "(32,)") over the 472 keys
 # of torch-fidelity's weights-inception-2015-12-05-6726825d.pth (research notes, issue 4 section 1.2)
@@ -40,27 +41,9 @@ MANIFEST_SHA256 = "044d1c99a02fb12c6e2fa4f727f5c4323e6ecdd65c0329c261869717280e0
 IMAGE_SIZES = [(300, 400), (256, 256), (427, 640)]  # (H, W): landscape, already 256, portrait
 
 
-def _random_inception(seed: int = 0) -> InceptionV3:
-    """He-normal convs and non-trivial BatchNorm statistics, so activations neither vanish nor
-    explode through the 94 layers (PyTorch's default init gives ~1e-8 features)."""
-    g = torch.Generator().manual_seed(seed)
-    model = InceptionV3()
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.Conv2d):
-                m.weight.normal_(0, (2 / m.weight[0].numel()) ** 0.5, generator=g)
-            elif isinstance(m, nn.BatchNorm2d):
-                m.weight.uniform_(0.5, 1.5, generator=g)
-                m.bias.uniform_(-0.2, 0.2, generator=g)
-                m.running_mean.uniform_(-0.2, 0.2, generator=g)
-                m.running_var.uniform_(0.5, 1.5, generator=g)
-        model.fc.weight.normal_(0, 0.02, generator=g)
-    return model.requires_grad_(False).eval()  # as load_inception returns it
-
-
 @pytest.fixture(scope="module")
 def model():
-    return _random_inception(0)
+    return random_inception(0)
 
 
 @pytest.fixture(scope="module")

@@ -8,10 +8,12 @@ from scipy import stats
 
 from coolsd.records import RecordWriter, read_records
 from coolsd.report.compare import paired_comparison
-from coolsd.report.consolidate import records_frame
+from coolsd.report.consolidate import config_label, records_frame, summary_frame
 from coolsd.report.paper import TABLE2, table2_rows
 from coolsd.report.plots import pareto_plot
 from coolsd.report.table2 import build_table, check_target, tag_of, write_tables
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 
 
 def _ci(m, h=0.1):
@@ -107,6 +109,59 @@ def test_records_of_many_runs_consolidate_to_parquet(tmp_path):
     assert pd.read_parquet(tmp_path / "t.parquet").equals(df)
     with pytest.raises(FileNotFoundError, match="no samples.jsonl"):
         records_frame([tmp_path / "multirun" / "0_coolsd" / "images"])
+
+
+def _sweep_records(root, runs: dict, n: int):
+    """A multirun-like folder: per run, AR and one method on the same n prompts (toy identity)."""
+    r = np.random.default_rng(1)
+    lat = {}
+    for run, params in runs.items():
+        w = RecordWriter(root / run)
+        (root / run / "run.json").write_text(json.dumps({"job": "toy"}))
+        for i in range(n):
+            for p in ({"method": "ar", "drafter": "none", "tree": "none"}, params):
+                x = float(r.uniform(0.5, 1.5))
+                lat[(run, p["method"], i)] = x
+                img = r.integers(0, 256, (32, 32, 3), dtype=np.uint8)
+                w.append({"method": p["method"], "params": p, "prompt_index": i, "seed": i, "accepted_length": 1.0 + i % 3,
+                          "latency_s": x, "target_forwards": 64}, img, f"{p['method']}/{i:05d}.png")
+    return lat
+
+
+RUNS = {"0_coolsd": {"method": "coolsd", "drafter": "model", "tree": "chain4", "delta": 1.1, "rule": "scaled", "omega": [2, 1]},
+        "1_coolsd": {"method": "coolsd", "drafter": "model", "tree": "chain4", "delta": 2.0, "rule": "scaled", "omega": [3, 1]}}
+
+
+def test_summary_frame_pairs_speedups_with_ar_of_the_same_run(tmp_path):
+    lat = _sweep_records(tmp_path / "mr", RUNS, 6)
+    df = records_frame([tmp_path / "mr"])
+    assert set(df["config"]) == {"ar", "coolsd delta=1.1 tree=chain4", "coolsd delta=2 tree=chain4"}
+    assert config_label({"method": "lantern_pp", "lam": 2.0, "k": 10, "slope": None}) == "lantern_pp k=10 lam=2"
+    s = summary_frame(df).set_index("tag")
+    assert s.loc["ar", "n"] == 12 and s.loc["ar", "runs"] == 2
+    for run, p in RUNS.items():
+        ar = np.array([lat[(run, "ar", i)] for i in range(6)])
+        m = np.array([lat[(run, "coolsd", i)] for i in range(6)])
+        row = s.loc[config_label(p)]
+        assert row["speedup"] == pytest.approx(ar.mean() / m.mean())  # AR of its own run, not of both
+        assert row["speedup_lo"] < row["speedup"] < row["speedup_hi"]
+        assert row["latency_s"] == pytest.approx(m.mean())
+
+
+def test_notebook_runs_on_a_consolidated_table(tmp_path, monkeypatch):
+    """Executes every code cell of notebooks/pareto_from_parquet.ipynb on a small sweep."""
+    _sweep_records(tmp_path / "mr", RUNS, 4)
+    records_frame([tmp_path / "mr"]).to_parquet(tmp_path / "runs.parquet")
+    monkeypatch.setenv("COOLSD_TABLE", str(tmp_path / "runs.parquet"))
+    monkeypatch.chdir(tmp_path)
+    nb = json.loads((ROOT / "notebooks" / "pareto_from_parquet.ipynb").read_text())
+    scope: dict = {}
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code":
+            exec(compile("".join(cell["source"]), "notebook", "exec"), scope)
+    s = scope["summary"].set_index("tag")
+    assert {"speedup", "toy_clip"} <= set(s.columns) and s["toy_clip"].between(0, 1).all()
+    assert (tmp_path / "pareto_from_parquet.png").stat().st_size > 10_000
 
 
 def test_tracking_flattens_summaries_and_rejects_unknown_loggers():

@@ -17,6 +17,7 @@ import numpy as np
 
 from coolsd.stats import mean_ci  # noqa: F401  (re-exported for per-image scores)
 from coolsd.metrics.fid import _as_float64, feature_statistics, fid_from_features, frechet_distance_sym, sqrt_psd
+from coolsd.metrics.fid import bootstrap_fid_ci as fid_bootstrap
 
 
 def _labels(a, name: str) -> np.ndarray:
@@ -76,45 +77,18 @@ def bootstrap_fid_ci(
     confidence: float = 0.95,
     resample_ref: bool = False,
 ) -> dict:
-    """toy FID with a bootstrap interval over images.
-
-    Each resample draws the generated images (and, with ``resample_ref``, the reference images)
-    with replacement, n of n, from ``numpy.random.default_rng(seed)``; resample distances use
-    ``frechet_distance_sym`` (same value as sqrtm to ~1e-9, much faster).
-
-    FID is biased upward at finite n, and a resample with duplicates has ~0.63 n distinct
-    images, so the bootstrap distribution sits well above the point estimate (its raw
-    percentiles often exclude it). ``lo``/``hi`` are therefore the bootstrap quantile deviations
-    about the bootstrap mean, placed around the point estimate (a bias-shifted percentile
-    interval): a measure of sampling spread, conservative since resamples are effectively
-    smaller. Compare methods at equal n; the raw percentiles are in ``boot_lo``/``boot_hi``.
+    """toy FID with a bootstrap interval over images (``coolsd.metrics.fid.bootstrap_fid_ci``,
+    whose docstring says how ``lo``/``hi`` are placed); ``resample_ref`` also redraws the
+    reference images, n of n, after each generated draw.
 
     Returns {"fid", "lo", "hi", "boot_mean", "boot_std", "boot_lo", "boot_hi", "n_resamples",
     "seed", "confidence", "n_gen", "n_ref", "resample_ref"}.
     """
-    g, r = _as_float64(features_gen), _as_float64(features_ref)
-    if n_resamples < 2:
-        raise ValueError(f"n_resamples must be >= 2, got {n_resamples}")
-    point = fid_from_features(g, r)
-    rng = np.random.default_rng(seed)
-    mu_r, sig_r = feature_statistics(r)
-    sqrt_r = sqrt_psd(sig_r)
-    boots = np.empty(n_resamples)
-    for i in range(n_resamples):
-        mu_g, sig_g = feature_statistics(g[rng.integers(0, len(g), len(g))])
-        if resample_ref:
-            mu_r, sig_r = feature_statistics(r[rng.integers(0, len(r), len(r))])
-            sqrt_r = sqrt_psd(sig_r)
-        boots[i] = frechet_distance_sym(mu_g, sig_g, mu_r, sig_r, sqrt_sigma2=sqrt_r)
-    alpha = (1 - confidence) / 2
-    q_lo, q_hi = np.quantile(boots, [alpha, 1 - alpha])
-    m = float(boots.mean())
-    return {
-        "fid": point, "lo": point + float(q_lo) - m, "hi": point + float(q_hi) - m,
-        "boot_mean": m, "boot_std": float(boots.std(ddof=1)), "boot_lo": float(q_lo), "boot_hi": float(q_hi),
-        "n_resamples": n_resamples, "seed": seed, "confidence": confidence, "n_gen": len(g), "n_ref": len(r),
-        "resample_ref": resample_ref,
-    }
+    r = _as_float64(features_ref)
+    sampler = (lambda rng: feature_statistics(r[rng.integers(0, len(r), len(r))])) if resample_ref else None
+    out = fid_bootstrap(features_gen, *feature_statistics(r), n_resamples=n_resamples, seed=seed,
+                        confidence=confidence, ref_sampler=sampler)
+    return {**out, "n_ref": len(r), "resample_ref": resample_ref}
 
 
 def paired_fid_difference_ci(

@@ -10,6 +10,10 @@ from pathlib import Path
 import pandas as pd
 
 from coolsd.records import read_records
+from coolsd.stats import mean_ci, ratio_ci
+
+# parameters a method derives from the user's (or that name its parts), left out of its label
+DERIVED_PARAMS = ("method", "drafter", "rule", "omega")
 
 
 def find_runs(roots) -> list[Path]:
@@ -22,9 +26,19 @@ def find_runs(roots) -> list[Path]:
     return sorted(runs)
 
 
+def config_label(params: dict) -> str:
+    """A configuration's name across runs: the method and its resolved user parameters (sorted),
+    e.g. ``coolsd delta=1.1 normalize=mean nu=0.7 schedule=exp tree=chain4``. Two runs get the
+    same label exactly when they ran the same method configuration."""
+    name = params.get("method", "?")
+    rest = {k: v for k, v in params.items() if k not in DERIVED_PARAMS and v is not None and v != "none"}
+    return " ".join([name] + [f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(rest.items())])
+
+
 def records_frame(roots) -> pd.DataFrame:
     """One row per sample: the record's fields (lists and dicts as JSON text), ``run`` (its
-    folder) and ``image_path`` (absolute)."""
+    folder), ``config`` (``config_label`` of its parameters; the record's ``method`` is only a
+    tag inside its run) and ``image_path`` (absolute)."""
     runs = find_runs(roots)
     if not runs:
         raise FileNotFoundError(f"no samples.jsonl under {', '.join(map(str, roots))}")
@@ -34,9 +48,30 @@ def records_frame(roots) -> pd.DataFrame:
         ident_text = ident.read_text() if ident.exists() else None
         for r in read_records(run / "samples.jsonl"):
             row = {k: (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in r.items()}
-            row.update(run=str(run), run_identity=ident_text,
+            row.update(run=str(run), run_identity=ident_text, config=config_label(r.get("params") or {"method": r["method"]}),
                        image_path=str(run / r["image"]) if "image" in r else None)
             rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def summary_frame(df: pd.DataFrame, metrics=("accepted_length", "latency_s", "target_forwards")) -> pd.DataFrame:
+    """One row per configuration (``config``) of a consolidated table: for each metric its mean
+    and 95% CI over samples (columns m, m_lo, m_hi), and ``speedup`` = mean AR latency / mean
+    latency with a paired bootstrap CI, where AR ran in the same run on the same prompts (METHODS.md
+    6). Columns ``tag`` (= config) and ``family`` (the method) fit ``pareto_plot``."""
+    rows = []
+    ar = df[df["config"] == "ar"].set_index(["run", "prompt_index"])["latency_s"]
+    for config, g in df.groupby("config", sort=False):
+        r = {"tag": config, "family": config.split(" ")[0], "n": len(g), "runs": g["run"].nunique()}
+        for k in metrics:
+            if k in g and g[k].notna().all():
+                c = mean_ci(g[k])
+                r[k], r[k + "_lo"], r[k + "_hi"] = c["mean"], c["lo"], c["hi"]
+        keys = list(zip(g["run"], g["prompt_index"]))
+        if "latency_s" in g and all(key in ar.index for key in keys):
+            s = ratio_ci(ar.loc[keys].to_numpy(), g["latency_s"].to_numpy(), paired=True)
+            r["speedup"], (r["speedup_lo"], r["speedup_hi"]) = s["mean"], s["ci95"]
+        rows.append(r)
     return pd.DataFrame(rows)
 
 

@@ -70,8 +70,9 @@ def sweep_frame(table: dict) -> pd.DataFrame:
         for k in CI_KEYS:
             if k in e:
                 r[k], (r[k + "_lo"], r[k + "_hi"]) = e[k]["mean"], e[k]["ci95"]
-        r["toy_fid"], r["toy_fid_lo"], r["toy_fid_hi"] = e["toy_fid"]["fid"], e["toy_fid"]["lo"], e["toy_fid"]["hi"]
-        if "toy_fid_minus_ar" in e:
+        if e.get("toy_fid"):
+            r["toy_fid"], r["toy_fid_lo"], r["toy_fid_hi"] = e["toy_fid"]["fid"], e["toy_fid"]["lo"], e["toy_fid"]["hi"]
+        if e.get("toy_fid_minus_ar"):
             d = e["toy_fid_minus_ar"]
             r["toy_fid_minus_ar"], r["toy_fid_minus_ar_lo"], r["toy_fid_minus_ar_hi"] = d["diff"], d["lo"], d["hi"]
         if "speedup_per_accepted_length" in e:

@@ -19,6 +19,7 @@ from coolsd.methods import build_method
 from coolsd.metrics.toy import bootstrap_fid_ci, caption_attributes, paired_fid_difference_ci, toy_clip_scores
 from coolsd.records import RecordWriter, claim_run_dir, resume_records, save_png_atomic, write_json_atomic
 from coolsd.stats import mean_ci, ratio_ci
+from coolsd.timing import device_sync
 from coolsd.toy.assets import load_toy_world
 from coolsd.toy.world import render_batch, sample_scenes
 
@@ -45,15 +46,18 @@ def generate_one(world, method, sampling, caption: str, seed: int):
         return speculative_generate(
             target, world.gpt.config.block_size, PerSampleRNG([seed]), rule=method.rule, drafter=drafter,
             tree=method.tree, sampling=sampling, cond=cond, batch_size=1,
+            sync=device_sync(next(world.gpt.parameters()).device),
         )
 
 
 def generate_record(world, method, sampling, scene, idx: int, seed: int, tag: str):
     """One prompt at batch 1 -> (record, uint8 image)."""
     res = generate_one(world, method, sampling, scene.caption, seed)
+    sync = device_sync(res.tokens.device)
     t0 = time.perf_counter()
     with torch.no_grad():
         img = world.vq.decode_uint8(res.tokens)[0]
+    sync()
     decode_s = time.perf_counter() - t0
     rec = {
         "prompt_index": idx, "caption": scene.caption, "seed": seed, "method": tag,
@@ -103,7 +107,9 @@ def run_methods(world, methods: dict, sampling, scenes, run_seed, writer: Record
 
 def summarize(world, outputs: dict, scenes) -> dict:
     """Per method: accepted length, latency, decode time, toy_clip (95% t-CIs over prompts),
-    toy_fid (bootstrap CI) against renders of the same prompts, speed-up against ``ar``."""
+    toy_fid (bootstrap CI) against renders of the same prompts, speed-up against ``ar``. With
+    fewer than 2 prompts a covariance does not exist: toy_fid and its difference are None."""
+    fid_ok = len(scenes) >= 2
     ref_feats = world.features(render_batch(scenes))
     attrs = caption_attributes(scenes)
     scored = {tag: world.features.features_and_predictions(imgs) for tag, (_, imgs) in outputs.items()}
@@ -120,7 +126,7 @@ def summarize(world, outputs: dict, scenes) -> dict:
             "decode_s": mean_ci([x["decode_s"] for x in rows]),
             "target_forwards": mean_ci([x["target_forwards"] for x in rows]),
             "toy_clip": mean_ci(clip[tag]),
-            "toy_fid": bootstrap_fid_ci(feats, ref_feats, n_resamples=200, seed=0),
+            "toy_fid": bootstrap_fid_ci(feats, ref_feats, n_resamples=200, seed=0) if fid_ok else None,
         }
         if ar is not None:
             # every comparison with AR is paired by prompt (same prompts, same seeds, same run)
@@ -128,7 +134,8 @@ def summarize(world, outputs: dict, scenes) -> dict:
             e["speedup"] = ratio_ci(ar_lat, lat, paired=True)
             e["speedup_per_accepted_length"] = e["speedup"]["mean"] / e["accepted_length"]["mean"]
             e["toy_clip_minus_ar"] = mean_ci(np.asarray(clip[tag]) - np.asarray(clip[ar]))
-            e["toy_fid_minus_ar"] = paired_fid_difference_ci(feats, scored[ar][0], ref_feats, n_resamples=200, seed=0)
+            e["toy_fid_minus_ar"] = (paired_fid_difference_ci(feats, scored[ar][0], ref_feats, n_resamples=200, seed=0)
+                                     if fid_ok else None)
         table[tag] = e
     return table
 
@@ -206,6 +213,6 @@ def print_summary(table: dict, out_dir: Path) -> None:
     for tag, e in table.items():
         sp = f(e["speedup"]) if "speedup" in e else "-"
         fid = e["toy_fid"]
-        print(f"{tag:<12} {f(e['accepted_length']):<24} {f(e['latency_s']):<24} {sp:<24} {f(e['toy_clip']):<24} "
-              f"{fid['fid']:.1f} [{fid['lo']:.1f}, {fid['hi']:.1f}]")
+        fid = f"{fid['fid']:.1f} [{fid['lo']:.1f}, {fid['hi']:.1f}]" if fid else "- (needs >= 2 prompts)"
+        print(f"{tag:<12} {f(e['accepted_length']):<24} {f(e['latency_s']):<24} {sp:<24} {f(e['toy_clip']):<24} {fid}")
     print(f"wrote {out_dir}/summary.json, samples.jsonl, images/, grid.png")

@@ -1,0 +1,72 @@
+"""FID reference statistics of the real images (METHODS.md 6: the 5,000 COCO val2017 images,
+clean-fid protocol), computed once per (image set, feature extractor) and cached as .npz.
+
+The cache key hashes the extractor's name and protocol, the id of its weights, and every
+image's file name and size, in order: a different image set, preprocessing or weight file
+gives a different cache entry, never stale statistics.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from coolsd.metrics.fid import StreamingStats
+from coolsd.metrics.image_prep import load_rgb
+
+COCO_IMAGES_SOURCE = ("val2017.zip from https://cocodataset.org/#download "
+                      "(http://images.cocodataset.org/zips/val2017.zip)")
+
+
+def coco_image_files(images_dir, image_ids: Sequence[int] | None = None) -> list[Path]:
+    """The val2017 JPEGs (``%012d.jpg``) of ``image_ids`` in that order, or every ``*.jpg`` of the
+    folder sorted by name. A missing folder or image is an error naming it and its source."""
+    d = Path(images_dir) if images_dir else None
+    if d is None or not d.is_dir():
+        raise FileNotFoundError(f"COCO val2017 image folder {d} not found; set dataset.images=/path/to/val2017 "
+                                f"(it comes from {COCO_IMAGES_SOURCE})")
+    if image_ids is None:
+        files = sorted(d.glob("*.jpg"))
+        if not files:
+            raise FileNotFoundError(f"{d} holds no .jpg images; expected the COCO val2017 folder ({COCO_IMAGES_SOURCE})")
+        return files
+    files = [d / f"{int(i):012d}.jpg" for i in image_ids]
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise FileNotFoundError(f"{len(missing)} of {len(files)} COCO images are missing from {d} (e.g. "
+                                f"{', '.join(missing[:3])}); expected the full val2017 folder ({COCO_IMAGES_SOURCE})")
+    return files
+
+
+def reference_key(files: Sequence[Path], extractor, weights_id: str) -> str:
+    h = hashlib.sha256()
+    h.update(f"{extractor.name}|{getattr(extractor, 'protocol', '')}|{weights_id}\n".encode())
+    for f in files:
+        h.update(f"{Path(f).name}|{Path(f).stat().st_size}\n".encode())
+    return h.hexdigest()[:20]
+
+
+def image_statistics(files: Sequence[Path], extractor, batch: int = 64, desc: str = "features") -> StreamingStats:
+    """Streaming mean / covariance of the extractor's features over image files."""
+    stats = StreamingStats(extractor.feature_dim)
+    for s in tqdm(range(0, len(files), batch), desc=desc, unit="batch", leave=False):
+        stats.update(extractor([load_rgb(f) for f in files[s:s + batch]]))
+    return stats
+
+
+def reference_statistics(files: Sequence[Path], extractor, cache_dir, weights_id: str,
+                         batch: int = 64) -> tuple[np.ndarray, np.ndarray, int]:
+    """(mu, sigma, n) of the reference images' features, from ``cache_dir`` when present."""
+    cache = Path(cache_dir) / f"fid_ref_{extractor.name}_{len(files)}_{reference_key(files, extractor, weights_id)}.npz"
+    if cache.is_file():
+        z = np.load(cache)
+        return z["mu"], z["sigma"], int(z["n"])
+    mu, sigma = image_statistics(files, extractor, batch, desc="FID reference").compute()
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_name(cache.stem + ".partial.npz")
+    np.savez(tmp, mu=mu, sigma=sigma, n=len(files))
+    tmp.replace(cache)
+    return mu, sigma, len(files)

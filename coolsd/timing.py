@@ -1,0 +1,18 @@
+"""Latency as METHODS.md 6 measures it: host clocks read only after the device has finished
+its queued work, so that asynchronous CUDA launches are not mistaken for finished compute."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+
+def device_sync(device) -> Callable[[], None]:
+    """A no-argument function that waits for ``device``: ``torch.cuda.synchronize(device)`` on
+    CUDA, ``torch.mps.synchronize()`` on MPS, nothing on the CPU (its ops run synchronously)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    if device.type == "mps":
+        return torch.mps.synchronize
+    return lambda: None
