@@ -32,4 +32,13 @@ def run(cfg: DictConfig) -> dict:
         from coolsd.toy.job import run_toy
 
         return run_toy(cfg, name, params, tree, draft_length, output_dir(cfg))
-    raise ValueError(f"unknown target kind {kind!r}; valid: tabular, toy")
+    if kind == "llamagen":
+        from coolsd.job import run_image_target
+        from coolsd.targets.llamagen import load_llamagen_world, require_files
+
+        target_name = cfg.target.get("name", kind)
+        require_files(target_name, cfg.target, cfg.get("draft"))  # before any work: every missing file at once
+        device = cfg.target.get("device", "cuda")
+        world = load_llamagen_world(target_name, cfg.target, cfg.get("draft"), device=device)
+        return run_image_target(cfg, world, name, params, tree, draft_length, output_dir(cfg), device)
+    raise ValueError(f"unknown target kind {kind!r}; valid: tabular, toy, llamagen")

@@ -13,6 +13,7 @@ from coolsd.generate import speculative_generate
 from coolsd.models.kv_cache import KVCache
 from coolsd.models.llamagen import GPT_XL, LlamaGenGPT, LlamaGenTarget, tiny
 from coolsd.protocols import ARModel
+from protocol_checks import path_to, run_tree_round
 
 TOL = 1e-6
 CFG = tiny()  # dim 64, 2 layers, 4 heads, vocab 64, 8 text slots, caption dim 16, 4x4 grid
@@ -159,32 +160,6 @@ def test_text_padding_changes_output():
 TREE = build_tree([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]])  # root + 6 nodes, depth 3
 
 
-def path_to(i: int) -> list[int]:
-    """Node indices root..i."""
-    out = []
-    while i >= 0:
-        out.append(i)
-        i = int(TREE.parent[i])
-    return out[::-1]
-
-
-def run_tree_round(target, cond, prefix, tree_tokens, split):
-    """Prefill, commit ``prefix`` (B, n) in one chunk, then forward TREE with ``tree_tokens``
-    (in one call, or level by level so that the second call has pending entries). Returns the
-    tree logits (B, n_nodes + 1, V)."""
-    B, n = prefix.shape
-    target.begin(cond, B)
-    target.forward(prefix, torch.arange(n).expand(B, -1), torch.ones(n, n, dtype=torch.bool).tril())
-    target.commit(torch.arange(n).expand(B, -1), torch.full((B,), n))
-    positions = n + TREE.depth.expand(B, -1)
-    if not split:
-        return target.forward(tree_tokens, positions, TREE.ancestors).logits
-    a = int((TREE.depth <= 1).sum())
-    l1 = target.forward(tree_tokens[:, :a], positions[:, :a], TREE.ancestors[:a, :a]).logits
-    l2 = target.forward(tree_tokens[:, a:], positions[:, a:], TREE.ancestors[a:]).logits
-    return torch.cat([l1, l2], dim=1)
-
-
 @pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("prefix_len,headroom", [(3, 64), (10, 0)])  # headroom 0 forces growth
 def test_tree_forward_matches_path_forward(split, prefix_len, headroom):
@@ -192,15 +167,15 @@ def test_tree_forward_matches_path_forward(split, prefix_len, headroom):
     target = LlamaGenTarget(model, cfg_scale=2.0, cache_headroom=headroom)
     cond = make_cond([5, 2])
     prefix, tree_tokens = random_tokens(2, prefix_len, seed=3), random_tokens(2, TREE.n_nodes + 1, seed=4)
-    logits = run_tree_round(target, cond, prefix, tree_tokens, split)
+    logits = run_tree_round(target, cond, prefix, tree_tokens, TREE, split)
     for b in range(2):
         for i in range(TREE.n_nodes + 1):
-            seq = torch.cat([prefix[b], tree_tokens[b, path_to(i)]])
+            seq = torch.cat([prefix[b], tree_tokens[b, path_to(TREE, i)]])
             lr, _ = reference(model, cond, b, seq, 2.0)
             close(logits[b, i], lr[-1])
 
 
-KEPT = [path_to(6), path_to(2)]  # sample 0 keeps root->node 6 (4 entries), sample 1 root->node 2
+KEPT = [path_to(TREE, 6), path_to(TREE, 2)]  # sample 0 keeps root->node 6 (4 entries), sample 1 root->node 2
 
 
 def commit_and_continue(target, cond, rows):
@@ -213,7 +188,7 @@ def commit_and_continue(target, cond, rows):
     paths = [KEPT[b] for b in rows]
     cond = {k: v[rows] for k, v in cond.items()}
     B = len(rows)
-    run_tree_round(target, cond, prefix, tree_tokens, split=False)
+    run_tree_round(target, cond, prefix, tree_tokens, TREE, split=False)
     keep = torch.zeros(B, 4, dtype=torch.long)  # columns past n_keep are ignored
     for i, p in enumerate(paths):
         keep[i, : len(p)] = torch.tensor(p)

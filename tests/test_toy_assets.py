@@ -18,7 +18,8 @@ from coolsd.drafting import SamplingConfig
 from coolsd.methods import build_method
 from coolsd.records import read_records
 from coolsd.toy.assets import ASSETS_DIR, FILES, load_toy_world
-from coolsd.toy.job import generate_one, toy_prompts
+from coolsd.job import generate_one
+from coolsd.toy.job import toy_prompts
 from coolsd.toy.world import render_batch, sample_scenes
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -38,6 +38,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from coolsd.decoding.sampling import cfg_combine
+from coolsd.models.blocks import GatedMLP
 from coolsd.models.kv_cache import KVCache
 from coolsd.models.llamagen import check_2d_rope, LlamaGenConfig, RMSNorm, apply_rope, rope_2d, rotation
 from coolsd.protocols import StepOut
@@ -86,7 +87,9 @@ class EagleConfig:
 
     @classmethod
     def from_lantern(cls, config: Mapping[str, Any] | str) -> "EagleConfig":
-        """From a LANTERN drafter ``config.json`` (a dict or a path)."""
+        """From a LANTERN drafter ``config.json`` (a dict or a path). LANTERN sets the RoPE grid
+        by ``input_type``; a ``block_size`` entry (written by ``to_lantern_json`` for drafters
+        trained here on other grids) takes precedence."""
         if isinstance(config, str):
             with open(config) as f:
                 config = json.load(f)
@@ -103,8 +106,19 @@ class EagleConfig:
             intermediate_size=config["intermediate_size"], vocab_size=config["vocab_size"],
             rms_norm_eps=config.get("rms_norm_eps", 1e-6), bias=config.get("bias", True),
             num_hidden_layers=config.get("num_hidden_layers", 1),
-            block_size=LANTERN_INPUT_TYPES[input_type], rope_base=config.get("rope_theta", 10000.0),
+            block_size=config.get("block_size", LANTERN_INPUT_TYPES[input_type]),
+            rope_base=config.get("rope_theta", 10000.0),
         )
+
+    def to_lantern_json(self) -> dict:
+        """A LANTERN-style ``config.json`` that ``from_lantern`` reads back to this config."""
+        types = {v: k for k, v in LANTERN_INPUT_TYPES.items()}
+        return {"architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "hidden_size": self.hidden_size,
+                "intermediate_size": self.intermediate_size, "num_attention_heads": self.num_attention_heads,
+                "num_key_value_heads": self.num_attention_heads, "num_hidden_layers": self.num_hidden_layers,
+                "rms_norm_eps": self.rms_norm_eps, "vocab_size": self.vocab_size, "bias": self.bias,
+                "rope_theta": self.rope_base, "input_type": types.get(self.block_size, "t2i"),
+                "block_size": self.block_size}
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -142,23 +156,12 @@ class EagleAttention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(B, m, H))
 
 
-class EagleMLP(nn.Module):
-    def __init__(self, cfg: EagleConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class EagleDecoderLayer(nn.Module):
     def __init__(self, cfg: EagleConfig, index: int):
         super().__init__()
         self.index = index
         self.self_attn = EagleAttention(cfg)
-        self.mlp = EagleMLP(cfg)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
         if index != 0:  # EAGLE-1: the first layer takes fc's output un-normalized
             self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)

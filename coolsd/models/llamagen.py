@@ -27,6 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from coolsd.decoding.sampling import cfg_combine
+from coolsd.models.blocks import RMSNorm, compute_dtype as _compute_dtype
 from coolsd.models.kv_cache import CacheStep, KVCache
 from coolsd.protocols import StepOut
 
@@ -91,11 +92,6 @@ def tiny(**overrides) -> LlamaGenConfig:
 
 
 # ---------------------------------------------------------------------------------------- RoPE
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Norms and RoPE run in fp32 as upstream, or in fp64 when the model is fp64."""
-    return torch.promote_types(dtype, torch.float32)
-
-
 @functools.lru_cache(maxsize=32)
 def _rope_freqs(half: int, base: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     exponents = torch.arange(0, half, 2, device=device)[: half // 2].to(dtype) / half
@@ -133,20 +129,6 @@ def apply_rope(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------- modules
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == _compute_dtype(x.dtype) and x.dtype == self.weight.dtype:  # fp32 / fp64: one fused kernel
-            return F.rms_norm(x, x.shape[-1:], weight=self.weight, eps=self.eps)
-        # low precision: normalise in fp32, cast back, then scale (upstream's order)
-        normed = F.rms_norm(x.to(_compute_dtype(x.dtype)), x.shape[-1:], eps=self.eps)  # x * rsqrt(mean(x^2) + eps)
-        return normed.to(x.dtype) * self.weight
-
-
 class CaptionMLP(nn.Module):
     def __init__(self, in_features: int, hidden: int):
         super().__init__()
@@ -305,11 +287,17 @@ class LlamaGenTarget:
         cfg_scale: float = 7.5,
         decoder: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
         cache_headroom: int = 64,
+        prefill_features: str = "last",
     ):
         self.model = model.eval()
         self.cfg_scale = float(cfg_scale)
         self.decoder = decoder
         self.cache_headroom = cache_headroom  # pending slots preallocated past the full sequence
+        if prefill_features not in ("last", "all"):
+            raise ValueError(f"prefill_features must be 'last' or 'all', got {prefill_features!r}")
+        # "all": begin() returns the features of every condition slot (logits of the last only),
+        # which LANTERN's drafters prefill (EagleDrafter(text_prefix=True))
+        self.prefill_features = prefill_features
         cfg = model.config
         self.vocab_size = cfg.vocab_size
         self.n_image_tokens = cfg.block_size
@@ -332,14 +320,17 @@ class LlamaGenTarget:
         max_len = -(-(cfg.cls_token_num + cfg.block_size + self.cache_headroom) // 8) * 8
         return KVCache(cfg.n_layer, n, cfg.n_head, cfg.head_dim, max_len, m.dtype, m.device)
 
+    def _halves(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(2B, m, H) -> (B, m, 2, H) = [cond, uncond] when guided: EAGLE drafters run their own CFG."""
+        B = self.batch_size
+        return torch.stack([hidden[:B], hidden[B:]], dim=2) if self.guided else hidden
+
     def _out(self, hidden: torch.Tensor) -> StepOut:
         logits = self.model.logits(hidden)
         B = self.batch_size
         if self.guided:
             logits = cfg_combine(logits[:B], logits[B:], self.cfg_scale)
-            # EAGLE drafters run their own CFG: hand over both halves, (B, m, 2, H)
-            return StepOut(logits=logits, hidden=torch.stack([hidden[:B], hidden[B:]], dim=2))
-        return StepOut(logits=logits, hidden=hidden)
+        return StepOut(logits=logits, hidden=self._halves(hidden))
 
     @torch.no_grad()
     def begin(self, cond: Any, batch_size: int, context: Optional[StepOut] = None) -> StepOut:
@@ -366,7 +357,10 @@ class LlamaGenTarget:
         hidden = model.run(model.cls_embedding(x), zeros, zeros, self.cache, attend)
         keep = torch.arange(T, device=model.device).expand(n, T)
         self.cache.commit(keep, torch.full((n,), T, device=model.device), hide=~mask)
-        return self._out(hidden[:, -1:])
+        out = self._out(hidden[:, -1:])
+        if self.prefill_features == "all":
+            out.hidden = self._halves(hidden)
+        return out
 
     @torch.no_grad()
     def forward(

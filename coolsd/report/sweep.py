@@ -17,7 +17,8 @@ from coolsd.drafting import SamplingConfig
 from coolsd.methods import build_method
 from coolsd.records import RecordWriter, claim_run_dir, resume_records
 from coolsd.toy.assets import load_toy_world
-from coolsd.toy.job import run_methods, summarize, toy_prompts
+from coolsd.job import run_methods
+from coolsd.toy.job import summarize, toy_prompts
 
 ROOT = Path(__file__).resolve().parents[2]
 CI_KEYS = ("accepted_length", "latency_s", "toy_clip", "speedup", "toy_clip_minus_ar", "target_forwards")

@@ -85,6 +85,10 @@ class ToyWorld:
     def drafter(self) -> EagleDrafter:
         return self._drafter
 
+    def use_self_drafting(self) -> None:
+        """Draft with the target itself (separate caches): EAGLE then accepts every token."""
+        self._drafter = LlamaGenTarget(self.gpt, cfg_scale=self.cfg_scale)
+
 
 def load_toy_world(assets_dir=None, cfg_scale: float = 3.0) -> ToyWorld:
     d = Path(assets_dir) if assets_dir else ASSETS_DIR

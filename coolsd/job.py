@@ -1,0 +1,211 @@
+"""The generation job every image target shares: for each prompt, each method (and the AR
+baseline of the same target, same machine, same run) generates one image at batch 1; records
+and PNGs are written as they come (resumable), then a summary with 95% CIs of accepted length,
+latency, decode time and target forwards, and the speed-up against AR paired by prompt
+(METHODS.md 6). Image metrics of real targets come afterwards from records and PNGs
+(``python -m coolsd.evaluate``); the toy job adds its toy metrics (``coolsd.toy.job``).
+
+A ``world`` (the toy world, ``coolsd.targets.llamagen.LlamaGenWorld``, ...) provides ``gpt``
+(``.config.vocab_size``, ``.config.block_size``, parameters), ``encoder.encode(captions)``,
+``vq.decode_uint8(tokens)``, ``target()``, ``drafter()``, ``neighbours`` and ``manifest``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+from PIL import Image
+from tqdm import tqdm
+
+from coolsd.decoding.rng import PerSampleRNG
+from coolsd.drafting import SamplingConfig, build_drafter
+from coolsd.generate import speculative_generate
+from coolsd.methods import build_method
+from coolsd.records import RecordWriter, claim_run_dir, resume_records, save_png_atomic, write_json_atomic
+from coolsd.stats import mean_ci, ratio_ci
+from coolsd.timing import device_sync
+
+
+def prompt_seed(run_seed: int, index: int) -> int:
+    """Per-prompt seed from the run seed and the prompt index (never from the order of work)."""
+    return int(np.random.default_rng([run_seed, index]).integers(2**62))
+
+
+def generate_one(world, method, sampling, caption: str, seed: int):
+    target = world.target()
+    drafter = build_drafter(method, world.drafter() if method.drafter == "model" else None, sampling,
+                            world.gpt.config.vocab_size)
+    with torch.no_grad():
+        cond = world.encoder.encode([caption])
+        return speculative_generate(
+            target, world.gpt.config.block_size, PerSampleRNG([seed]), rule=method.rule, drafter=drafter,
+            tree=method.tree, sampling=sampling, cond=cond, batch_size=1,
+            sync=device_sync(next(world.gpt.parameters()).device),
+        )
+
+
+def generate_record(world, method, sampling, scene, idx: int, seed: int, tag: str):
+    """One prompt at batch 1 -> (record, uint8 image)."""
+    res = generate_one(world, method, sampling, scene.caption, seed)
+    sync = device_sync(res.tokens.device)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        img = world.vq.decode_uint8(res.tokens)[0]
+    sync()
+    decode_s = time.perf_counter() - t0
+    rec = {
+        "prompt_index": idx, "caption": scene.caption, "seed": seed, "method": tag,
+        "params": method.describe(), "round_lengths": res.round_lengths[0],
+        "accepted_length": res.accepted_length(0), "target_forwards": res.target_forwards[0],
+        "draft_forwards": res.draft_forwards, "latency_s": res.seconds, "decode_s": decode_s,
+    }
+    return rec, img
+
+
+def run_methods(world, methods: dict, sampling, scenes, run_seed, writer: RecordWriter, offset: int,
+                done: list[dict] | None = None):
+    """Every method on every prompt, methods interleaved per prompt so that machine noise hits
+    all of them alike (latency ratios are measured side by side). ``done``: records of an
+    interrupted run in the same folder; their (method, prompt) pairs are skipped, and since
+    every prompt's seed comes from the run seed and its index, the resumed records equal an
+    uninterrupted run's (latencies aside). Returns {tag: (records, uint8 images)} in prompt
+    order, images read back from the PNGs for resumed samples."""
+    have = {(r["method"], r["prompt_index"]): r for r in (done or [])}
+    todo = [(i, tag) for i in range(len(scenes)) for tag in methods if (tag, offset + i) not in have]
+    if todo:
+        for tag, m in methods.items():  # warm-up, excluded
+            generate_one(world, m, sampling, scenes[0].caption, 0)
+    fresh = {}
+    with tqdm(total=len(scenes) * len(methods), initial=len(scenes) * len(methods) - len(todo),
+              desc="samples", unit="img") as bar:
+        for i, tag in todo:
+            idx = offset + i
+            rec, img = generate_record(world, methods[tag], sampling, scenes[i], idx, prompt_seed(run_seed, idx), tag)
+            fresh[(tag, idx)] = (writer.append(rec, img, f"{tag}/{idx:05d}.png"), img)
+            bar.update()
+    out = {}
+    for tag in methods:
+        rows, imgs = [], []
+        for i in range(len(scenes)):
+            key = (tag, offset + i)
+            if key in fresh:
+                rec, img = fresh[key]
+            else:
+                rec = have[key]
+                img = np.asarray(Image.open(writer.dir / rec["image"]).convert("RGB"))
+            rows.append(rec)
+            imgs.append(img)
+        out[tag] = (rows, np.stack(imgs))
+    return out
+
+
+def make_grid(rows: list[np.ndarray], scale: int = 3, labels: list[str] | None = None) -> np.ndarray:
+    """Rows of equal-size images -> one uint8 image, nearest-neighbour upscaled, each row
+    optionally labelled on the left (method names)."""
+    h, w = rows[0].shape[1:3]
+    n = max(len(r) for r in rows)
+    out = np.full((len(rows) * (h + 2), n * (w + 2), 3), 255, np.uint8)
+    for i, r in enumerate(rows):
+        for j, im in enumerate(r):
+            out[i * (h + 2) : i * (h + 2) + h, j * (w + 2) : j * (w + 2) + w] = im
+    out = out.repeat(scale, 0).repeat(scale, 1)
+    if not labels:
+        return out
+    from PIL import Image, ImageDraw
+
+    margin = 8 + 7 * max(len(t) for t in labels)
+    canvas = Image.new("RGB", (out.shape[1] + margin, out.shape[0]), "white")
+    canvas.paste(Image.fromarray(out), (margin, 0))
+    draw = ImageDraw.Draw(canvas)
+    for i, text in enumerate(labels):
+        draw.text((4, i * (h + 2) * scale + (h * scale) // 2 - 5), text, fill="black")
+    return np.asarray(canvas)
+
+
+def speed_summary(outputs: dict) -> dict:
+    """Per method tag: accepted length, latency, decode time, target forwards (95% t-CIs over
+    prompts) and, where ``ar`` ran on the same prompts, the speed-up (paired bootstrap)."""
+    table = {}
+    for tag, (rows, _) in outputs.items():
+        lat = [x["latency_s"] for x in rows]
+        e = {
+            "params": rows[0]["params"],
+            "accepted_length": mean_ci([x["accepted_length"] for x in rows]),
+            "latency_s": mean_ci(lat),
+            "decode_s": mean_ci([x["decode_s"] for x in rows]),
+            "target_forwards": mean_ci([x["target_forwards"] for x in rows]),
+        }
+        if "ar" in outputs:
+            e["speedup"] = ratio_ci([x["latency_s"] for x in outputs["ar"][0]], lat, paired=True)
+            e["speedup_per_accepted_length"] = e["speedup"]["mean"] / e["accepted_length"]["mean"]
+        table[tag] = e
+    return table
+
+
+def job_methods(cfg, method_name: str, params: dict, tree: str, draft_length, neighbours) -> dict:
+    """{tag: Method}: the configured method, and AR first unless it is AR or ``baseline=false``."""
+    method = build_method(method_name, tree=tree, draft_length=draft_length, neighbours=neighbours, **params)
+    if method_name == "ar" or not cfg.get("baseline", True):
+        return {method_name: method}
+    return {"ar": build_method("ar"), method_name: method}
+
+
+def coco_or_toy_prompts(d) -> list:
+    """Prompt objects with ``.caption`` for the configured data set (``dataset.name``)."""
+    if d.name == "coco2017val":
+        from coolsd.prompts.coco import load_coco_prompts
+
+        return [SimpleNamespace(**p) for p in load_coco_prompts(d.captions, int(d.n_prompts), int(d.offset),
+                                                                  cache_dir=Path(d.cache_dir))]
+    if d.name == "toy":
+        from coolsd.toy.job import toy_prompts
+
+        return toy_prompts(int(d.n_prompts), int(d.offset))
+    raise ValueError(f"unknown dataset {d.name!r}; valid: coco2017val, toy")
+
+
+def run_image_target(cfg, world, method_name: str, params: dict, tree: str, draft_length, out_dir: Path,
+                     device: str) -> dict:
+    """The job for a real target: records, PNGs, a grid and ``summary.json`` (speed numbers;
+    image metrics via ``python -m coolsd.evaluate``)."""
+    from omegaconf import OmegaConf
+
+    from coolsd.tracking import make_logger
+
+    runs = job_methods(cfg, method_name, params, tree, draft_length, world.neighbours)
+    sampling = SamplingConfig.resolve(cfg.target.get("sampling"), cfg.get("sampling"))
+    d = cfg.dataset
+    prompts = coco_or_toy_prompts(d)
+    target_name = cfg.target.get("name", cfg.target.kind)
+    identity = {"job": "image_target", "target": target_name, "methods": {t: m.describe() for t, m in runs.items()},
+                "seed": int(cfg.seed), "sampling": dataclasses.asdict(sampling), "cfg_scale": float(cfg.target.cfg_scale),
+                "dataset": {"name": d.name, "n_prompts": int(d.n_prompts), "offset": int(d.offset)},
+                "files": world.manifest}
+    logger = make_logger(cfg.get("logger"), OmegaConf.to_container(cfg, resolve=True),
+                         name=f"{target_name}/{method_name}/{out_dir.name}")
+    done = resume_records(out_dir) if claim_run_dir(out_dir, identity) else []
+    if done:
+        print(f"resuming {out_dir}: {len(done)} of {len(prompts) * len(runs)} samples already there")
+    outputs = run_methods(world, runs, sampling, prompts, cfg.seed, RecordWriter(out_dir), int(d.offset), done=done)
+    table = speed_summary(outputs)
+    summary = {"job": "image_target", "target": target_name, "method": runs[method_name].describe(),
+               "n_prompts": len(prompts), "sampling": dataclasses.asdict(sampling), "device": device,
+               "gpu": torch.cuda.get_device_name() if device.startswith("cuda") and torch.cuda.is_available() else None,
+               "batch_size": 1, "speedup_reference": "ar on the same prompts, same machine, same run", "results": table}
+    write_json_atomic(summary, out_dir / "summary.json")
+    save_png_atomic(make_grid([outputs[t][1][:8] for t in outputs], scale=1, labels=list(outputs)), out_dir / "grid.png")
+    logger.log_summary(table)
+    for tag, (_, imgs) in outputs.items():
+        logger.log_images(tag, imgs, [p.caption for p in prompts])
+    logger.log_files([out_dir / "grid.png"])
+    logger.finish()
+    for tag, e in table.items():
+        sp = e.get("speedup")
+        print(f"{tag:<12} accepted length {e['accepted_length']['mean']:.3f}  latency {e['latency_s']['mean']:.3f} s"
+              + (f"  speed-up {sp['mean']:.3f} [{sp['ci95'][0]:.3f}, {sp['ci95'][1]:.3f}]" if sp else ""))
+    print(f"wrote {out_dir}/summary.json, samples.jsonl, images/, grid.png; image metrics: python -m coolsd.evaluate {out_dir}")
+    return summary

@@ -1,0 +1,401 @@
+"""Lumina-mGPT text-to-image (Alpha-VLLM/Lumina-mGPT, 7B, 768 px) as an ``ImageTarget`` in
+IMAGE-CODE space, over ``coolsd.models.chameleon.ChameleonLM``.
+
+What the generation loop sees: tokens 0..n_codes-1 are VQ code indices (8192 at full size),
+logits (B, m, n_codes) over codes, ``n_image_tokens = h_latent * w_latent`` (48 x 48 at 768 px),
+positions = image-token indices j (token j's output predicts token j + 1). Everything structural
+is the adapter's business (METHODS.md 3: structural tokens are never drafted against):
+
+* Sequence (models_sjd.md 2.3; upstream ``data/item_processor.py`` ``process_image`` and
+  ``inference_solver.py``): ``prompt ids`` (``[BOS] + tokenize(template + caption + sep)``, built
+  by ``prompt_ids``), then ``<racm3:break>`` (8197), ``8804 + h_grids``, ``8804 + w_grids``
+  (grids = latent / 2; teacher-forced here, sampled with text top-k upstream), then h_latent rows
+  of w_latent image BPE tokens, each row followed by the newline ``<reserved08799>`` (8803),
+  then ``<eoss>`` (8196). The loop stops after the last image token, so neither the last row's
+  newline nor the end token is ever fed.
+* Logical positions (1D RoPE): image token j sits at ``offset + j + j // w_latent``, its row's
+  newline (after a row end, ``(j + 1) % w_latent == 0``) at that + 1; ``offset`` = prompt
+  length + 3 in the conditional half, 3 in the unconditional half.
+* Newlines are inserted BY THE ADAPTER inside ``forward``: for every new entry that is a row end
+  (and not in the last row) a newline entry is added in the same forward; it attends exactly what
+  that token attends plus the token itself (and itself); later entries that see the token also
+  see its newline. The node's returned logits / hidden are the newline entry's (they predict the
+  next row's first token). ``commit`` keeps the newline that follows each kept row-end token.
+  Within one forward the set of newline slots is shared by the batch (KV-cache pending counts
+  are shared): a slot exists where ANY sample has a row end; in the other samples it is computed
+  but never attended and never committed.
+* CFG (upstream ``LLMImageStartTriggeredUnbatchedClassifierFreeGuidanceLogitsProcessor``):
+  active as soon as ``<racm3:break>, h, w`` exist, i.e. for every image token; the unconditional
+  context is the sequence from the last ``<racm3:break>`` on (no BOS, no text), positions from
+  0, and it sees every later token including the newlines. Internally the batch is
+  [cond; uncond] with different committed lengths and positions (per-sample KVCache lengths);
+  logits are combined raw: ``uncond + s * (cond - uncond)`` (``cfg_combine``). ``cfg_scale == 1``
+  runs no unconditional half (upstream returns the scores untouched).
+* Image vocabulary (upstream ``MultiModalLogitsProcessor``: inside an image only ids 4..8195,
+  the 8192 ``IMGIMG*`` tokens, are allowed; newline / end are forced): the returned logits are
+  the lm_head rows of the image BPE ids in code order, so restricting to them and the forcing
+  are exact. The BPE id <-> code mapping comes from ``config.json`` ``vocabulary_map``
+  (``ImageVocab``; upstream ``chameleon_vae_ori/vocab.py:VocabTranslation.bpe2img``).
+  The logits bypass upstream's ``config.mask_image_logits`` switch (the released configs must
+  have it off, or upstream could not generate images at all).
+
+CFG scale, temperature and top-k (Lumina's protocol: cfg 3.0 in SJD / COOL-SD, top-k 2000)
+are configuration, not defaults of this class.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import torch
+
+from coolsd.decoding.sampling import cfg_combine
+from coolsd.models.chameleon import ChameleonLM, load_chameleon
+from coolsd.models.kv_cache import KVCache
+from coolsd.protocols import StepOut
+
+PROMPT_TEMPLATE = "Generate an image of {width}x{height} according to the following prompt:\n{caption}"
+
+
+# ---------------------------------------------------------------------------------------- tokens
+@dataclass(frozen=True)
+class LuminaTokens:
+    """Structural token ids (Chameleon vocabulary; ``<reservedNNNNN>`` has id NNNNN + 4)."""
+
+    image_start: int = 8197  # <racm3:break>
+    image_end: int = 8196  # <eoss>
+    newline: int = 8803  # <reserved08799>
+    grid_base: int = 8804  # <reserved08800>: the h / w grid-count tokens are grid_base + n_grids
+    sep: int = 8710  # <reserved08706>: Lumina's Conversation.sep_token (end of turn)
+
+    NAMES = {
+        "image_start": "<racm3:break>", "image_end": "<eoss>", "newline": "<reserved08799>",
+        "grid_base": "<reserved08800>", "sep": "<reserved08706>",
+    }
+
+    @classmethod
+    def from_vocabulary_map(cls, vocabulary_map: Mapping[str, int]) -> "LuminaTokens":
+        missing = [n for n in cls.NAMES.values() if n not in vocabulary_map]
+        if missing:
+            raise ValueError(f"vocabulary_map lacks the structural tokens {missing}")
+        return cls(**{field: int(vocabulary_map[name]) for field, name in cls.NAMES.items()})
+
+    def grid_token(self, n_grids: int, vocabulary_map: Optional[Mapping[str, int]] = None) -> int:
+        """Id of the grid-count token for ``n_grids`` (checked against the map's
+        ``<reserved{8800 + n_grids:05d}>`` when a map is given)."""
+        tid = self.grid_base + n_grids
+        if vocabulary_map is not None:
+            name = f"<reserved{8800 + n_grids:05d}>"
+            if vocabulary_map.get(name) != tid:
+                raise ValueError(f"vocabulary_map gives {name} id {vocabulary_map.get(name)}, expected {tid}")
+        return tid
+
+
+def prompt_text(caption: str, width: int, height: int, sep_text: str = "<reserved08706>") -> str:
+    """Lumina's t2i prompt (``generate_examples/generate.py``: ``f"Generate an image of {w}x{h}
+    according to the following prompt:\\n{prompt}"`` as the human turn; ``Conversation.process``
+    appends the sep token to the turn and nothing for the open assistant turn)."""
+    return PROMPT_TEMPLATE.format(width=width, height=height, caption=caption) + sep_text
+
+
+def prompt_ids(encode: Callable[[str], Sequence[int]], caption: str, width: int, height: int, bos_id: int) -> list[int]:
+    """``[bos_id] + encode(prompt_text(...))`` (xllmx ``Tokenizer.encode(s, bos=True, eos=False)``:
+    ``encode`` must tokenize without adding special tokens and map ``<reserved08706>`` to its id)."""
+    return [int(bos_id)] + [int(t) for t in encode(prompt_text(caption, width, height))]
+
+
+# ---------------------------------------------------------------------------------------- vocab
+_IMAGE_NAME = re.compile(r"^IMGIMG([A-J]+)Z$")
+
+
+class ImageVocab:
+    """BPE id <-> VQ code for the image tokens of a ``vocabulary_map`` (token name -> id).
+    Image tokens are named ``IMGIMG<letters>Z`` with letters A..J standing for the digits of the
+    code (upstream ``VocabTranslation.bpe2img``). Strict: the codes must be exactly 0..n-1."""
+
+    def __init__(self, vocabulary_map: Mapping[str, int], n_codes: Optional[int] = None):
+        pairs = []
+        for name, tid in vocabulary_map.items():
+            if not name.startswith("IMGIMG"):
+                continue
+            mt = _IMAGE_NAME.match(name)
+            if mt is None:
+                raise ValueError(f"image token name {name!r} is not IMGIMG<letters A-J>Z")
+            code = int("".join(str(ord(c) - ord("A")) for c in mt.group(1)))
+            pairs.append((code, int(tid)))
+        pairs.sort()
+        codes = [c for c, _ in pairs]
+        n = len(codes) if n_codes is None else n_codes
+        if codes != list(range(n)):
+            raise ValueError(f"vocabulary_map image tokens must cover codes 0..{n - 1} exactly once; "
+                             f"got {len(codes)} tokens{'' if not codes else f', codes {codes[0]}..{codes[-1]}'}")
+        ids = [t for _, t in pairs]
+        if len(set(ids)) != len(ids):
+            raise ValueError("vocabulary_map maps two image codes to the same BPE id")
+        self.code_to_bpe = torch.tensor(ids, dtype=torch.long)
+        self.n_codes = n
+
+    @classmethod
+    def from_hf_config(cls, hf_config: Mapping[str, Any], n_codes: Optional[int] = None) -> "ImageVocab":
+        vmap = hf_config.get("vocabulary_map")
+        if not isinstance(vmap, Mapping):
+            raise ValueError("config.json has no vocabulary_map (needed for the image BPE id <-> code mapping)")
+        return cls(vmap, n_codes)
+
+    def to_bpe(self, codes: torch.Tensor) -> torch.Tensor:
+        return self.code_to_bpe.to(codes.device)[codes]
+
+    def to_codes(self, bpe_ids: torch.Tensor) -> torch.Tensor:
+        """Inverse mapping; a non-image id is an error."""
+        table = self.code_to_bpe.to(bpe_ids.device)
+        match = bpe_ids.unsqueeze(-1) == table
+        if not bool(match.any(-1).all()):
+            raise ValueError("ids outside the image vocabulary")
+        return match.long().argmax(-1)
+
+
+# ---------------------------------------------------------------------------------------- target
+class LuminaTarget:
+    """``ImageTarget`` over a ``ChameleonLM`` (see the module docstring for the token layout).
+
+    ``cond`` for ``begin``: B prompt-id sequences (lists or 1-D tensors, any lengths), e.g. from
+    ``prompt_ids``. Returned logits are CFG-combined over codes; hidden states (after the final
+    norm) are (B, m, H), or (B, m, 2, H) = [cond, uncond] when guided.
+    ``decoder``: a ``ChameleonVQ`` (``decode_codes(codes, h, w)``) or a callable codes -> images.
+    """
+
+    def __init__(
+        self,
+        model: ChameleonLM,
+        vocab: ImageVocab,
+        *,
+        h_latent: int,
+        w_latent: int,
+        cfg_scale: float,
+        decoder: Any = None,
+        tokens: LuminaTokens = LuminaTokens(),
+        cache_headroom: int = 128,
+    ):
+        if h_latent % 2 or w_latent % 2 or h_latent < 2 or w_latent < 2:
+            raise ValueError(
+                f"latent grid must be even (grid tokens count 32-px patches = 2 latents), got {h_latent}x{w_latent}"
+            )
+        V = model.config.vocab_size
+        ids = [tokens.image_start, tokens.newline, tokens.grid_base + h_latent // 2, tokens.grid_base + w_latent // 2]
+        if int(vocab.code_to_bpe.max()) >= V or max(ids) >= V or min(ids) < 0:
+            raise ValueError(f"image or structural token ids exceed the model vocabulary ({V})")
+        self.model = model.eval()
+        self.vocab = vocab
+        self.tokens = tokens
+        self.h_latent, self.w_latent = int(h_latent), int(w_latent)
+        self.cfg_scale = float(cfg_scale)
+        self.decoder = decoder
+        self.cache_headroom = cache_headroom
+        self.vocab_size = vocab.n_codes
+        self.n_image_tokens = self.h_latent * self.w_latent
+        self._rows = vocab.code_to_bpe.to(model.device)  # lm_head rows / embedding ids of codes 0..n-1
+        self.cache: Optional[KVCache] = None
+        self.batch_size = 0
+
+    @property
+    def guided(self) -> bool:
+        return self.cfg_scale != 1.0
+
+    @property
+    def structural_prefix(self) -> list[int]:
+        """``<racm3:break>, grid_base + h_grids, grid_base + w_grids`` (teacher-forced)."""
+        t = self.tokens
+        return [t.image_start, t.grid_base + self.h_latent // 2, t.grid_base + self.w_latent // 2]
+
+    def logical_offset(self, j: torch.Tensor) -> torch.Tensor:
+        """Position of image token j relative to the first image token: j + j // w_latent."""
+        return j + torch.div(j, self.w_latent, rounding_mode="floor")
+
+    def _double(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x, x]) if self.guided else x
+
+    def _new_cache(self, n: int, prefix_len: int) -> KVCache:
+        cfg, m = self.model.config, self.model
+        shape = (cfg.num_layers, n, cfg.num_heads, cfg.head_dim, m.dtype, m.device)
+        if self.cache is not None and self.cache.matches(*shape):
+            self.cache.reset()
+            return self.cache
+        need = prefix_len + self.n_image_tokens + self.h_latent + self.cache_headroom
+        return KVCache(cfg.num_layers, n, cfg.num_heads, cfg.head_dim, -(-need // 64) * 64, m.dtype, m.device)
+
+    def _reset_pending(self) -> None:
+        dev = self.model.device
+        self._p_int = torch.zeros(0, dtype=torch.long, device=dev)  # caller pending -> cache pending index
+        self._p_nl = torch.zeros(self.batch_size, 0, dtype=torch.long, device=dev)  # its newline's, or -1
+
+    def _out(self, hidden: torch.Tensor) -> StepOut:
+        logits = self.model.logits(hidden, rows=self._rows)
+        B = self.batch_size
+        if self.guided:
+            logits = cfg_combine(logits[:B], logits[B:], self.cfg_scale)
+            return StepOut(logits=logits, hidden=torch.stack([hidden[:B], hidden[B:]], dim=2))
+        return StepOut(logits=logits, hidden=hidden)
+
+    # ------------------------------------------------------------------ protocol
+    @torch.no_grad()
+    def begin(self, cond: Any, batch_size: int, context: Optional[StepOut] = None) -> StepOut:
+        model, dev = self.model, self.model.device
+        if isinstance(cond, torch.Tensor) and cond.dim() == 2:
+            cond = list(cond)
+        if not isinstance(cond, Sequence) or len(cond) != batch_size:
+            raise ValueError(f"cond must be {batch_size} prompt-id sequences, got {type(cond).__name__}")
+        V = model.config.vocab_size
+        prompts = []
+        for p in cond:
+            ids = torch.as_tensor(p, dtype=torch.long).flatten().tolist()
+            if not ids or min(ids) < 0 or max(ids) >= V:
+                raise ValueError(f"prompt ids must be a non-empty sequence of ids in [0, {V})")
+            prompts.append(ids)
+        self.batch_size = batch_size
+        prefix = self.structural_prefix
+        rows = [p + prefix for p in prompts] + ([prefix] * batch_size if self.guided else [])
+        n = len(rows)
+        lens = torch.tensor([len(r) for r in rows], device=dev)
+        L = int(lens.max())
+        ids = torch.zeros(n, L, dtype=torch.long, device=dev)  # right padded; pads never seen
+        for b, r in enumerate(rows):
+            ids[b, : len(r)] = torch.tensor(r, device=dev)
+        self.cache = self._new_cache(n, L)
+        causal = torch.ones(L, L, dtype=torch.bool, device=dev).tril()
+        hidden = model.run(model.embed(ids), torch.arange(L, device=dev).expand(n, L), self.cache, causal)
+        self.cache.commit(torch.arange(L, device=dev).expand(n, L), lens)
+        self._offset = lens  # logical position of image token 0, per internal row
+        self._reset_pending()
+        return self._out(hidden[torch.arange(n, device=dev), lens - 1].unsqueeze(1))
+
+    @torch.no_grad()
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        attend: torch.Tensor,
+        features: Optional[torch.Tensor] = None,
+    ) -> StepOut:
+        """tokens: (B, m) codes; positions: (B, m) image-token indices j; attend: (m, P+m) or
+        (B, m, P+m) over the caller's pending entries then the new ones."""
+        if self.cache is None:
+            raise RuntimeError("call begin() first")
+        model, dev, B = self.model, self.model.device, self.batch_size
+        tokens, j = tokens.to(dev), positions.to(dev).expand(tokens.shape)
+        m = tokens.shape[1]
+        P, Pi = self._p_int.numel(), self.cache.n_pending
+        attend = attend.to(dev, torch.bool)
+        if attend.shape[-2:] != (m, P + m):
+            raise ValueError(f"attend must be (.., {m}, {P + m}), got {tuple(attend.shape)}")
+        if bool(((tokens < 0) | (tokens >= self.vocab_size)).any()):
+            raise ValueError(f"tokens must be image codes in [0, {self.vocab_size})")
+        Ac = attend.expand(B, m, P + m)
+        ar_m = torch.arange(m, device=dev)
+
+        # row ends that get a newline: (j + 1) % w == 0, not the last row
+        row_end = ((j + 1) % self.w_latent == 0) & (j + 1 < self.n_image_tokens) & (j >= 0)
+        cols = torch.nonzero(row_end.any(0)).flatten()  # token columns that get a newline slot
+        k = cols.numel()
+        ar_k = torch.arange(k, device=dev)
+        slot_of = torch.full((m,), -1, dtype=torch.long, device=dev)
+        slot_of[cols] = ar_k
+        nl_new = torch.where(row_end, Pi + m + slot_of.clamp(min=0), -1)  # (B, m) cache pending idx
+        int_idx = torch.cat([self._p_int, Pi + ar_m])  # (P+m,) caller column -> cache pending idx
+        nl_all = torch.cat([self._p_nl, nl_new], 1)  # (B, P+m)
+
+        # internal mask over cache pending entries: [old pending (Pi), m tokens, k newline slots]
+        T = Pi + m + k
+        A = torch.zeros(B, m + k, T, dtype=torch.bool, device=dev)
+        A[:, :m, int_idx] = Ac
+        # a token that sees an earlier row-end token also sees that token's newline
+        not_self = torch.ones(m, P + m, dtype=torch.bool, device=dev)
+        not_self[ar_m, P + ar_m] = False
+        add = Ac & (nl_all >= 0).unsqueeze(1) & not_self
+        idx = torch.where(add, nl_all.unsqueeze(1).expand(B, m, P + m), T)  # T = dump column
+        extra = torch.zeros(B, m, T + 1, dtype=torch.long, device=dev).scatter_add_(2, idx, add.long())
+        A[:, :m] |= extra[..., :T] > 0
+        if k:
+            # a newline sees what its token sees, the token, and itself
+            A[:, m:] = A[:, cols]
+            A[:, m + ar_k, Pi + cols] = True
+            A[:, m + ar_k, Pi + m + ar_k] = True
+
+        rel = self.logical_offset(j)  # (B, m) relative to image token 0
+        pos = torch.cat([rel, rel[:, cols] + 1], 1)
+        ids = torch.cat([self._rows[tokens], torch.full((B, k), self.tokens.newline, device=dev)], 1)
+        pos = self._double(pos) + self._offset.unsqueeze(1)
+        hidden = model.run(model.embed(self._double(ids)), pos, self.cache, self._double(A))
+
+        # each node reports its newline's output when it has one
+        pick = torch.where(row_end, m + slot_of.clamp(min=0), ar_m)  # (B, m)
+        pick = self._double(pick)
+        sel = hidden.gather(1, pick.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+        self._p_int = int_idx
+        self._p_nl = nl_all
+        return self._out(sel)
+
+    @torch.no_grad()
+    def commit(self, keep: torch.Tensor, n_keep: torch.Tensor) -> None:
+        """keep: (B, K) caller pending indices; n_keep: (B,). The newline after a kept row-end
+        token is kept right after it."""
+        if self.cache is None:
+            raise RuntimeError("call begin() first")
+        dev, B = self.model.device, self.batch_size
+        keep, n_keep = keep.to(dev, torch.long), n_keep.to(dev, torch.long)
+        P, K = self._p_int.numel(), keep.shape[1]
+        if bool(((n_keep < 0) | (n_keep > min(P, K))).any()):
+            raise ValueError(f"n_keep must lie in [0, min({P} pending, {K} keep columns)]")
+        if P == 0 or K == 0:
+            self.cache.commit(torch.zeros(2 * B if self.guided else B, 0, dtype=torch.long, device=dev),
+                              self._double(torch.zeros(B, dtype=torch.long, device=dev)))
+        else:
+            kc = keep.clamp(0, P - 1)
+            ent = self._p_int[kc]  # (B, K)
+            nl = self._p_nl.gather(1, kc)
+            pair = torch.stack([ent, nl.clamp(min=0)], 2).reshape(B, 2 * K)
+            kept = (torch.arange(K, device=dev).unsqueeze(0) < n_keep.unsqueeze(1))
+            valid = torch.stack([kept, kept & (nl >= 0)], 2).reshape(B, 2 * K)
+            order = torch.argsort((~valid).to(torch.int8), dim=1, stable=True)  # valid first, in order
+            self.cache.commit(self._double(pair.gather(1, order)), self._double(valid.sum(1)))
+        self._reset_pending()
+
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.decoder is None:
+            raise RuntimeError("LuminaTarget was built without a VQ decoder")
+        if hasattr(self.decoder, "decode_codes"):
+            return self.decoder.decode_codes(tokens, self.h_latent, self.w_latent)
+        return self.decoder(tokens)
+
+
+def load_lumina_target(
+    folder: str | Path,
+    vqgan_ckpt: Optional[str | Path],
+    *,
+    h_latent: int = 48,
+    w_latent: int = 48,
+    cfg_scale: float,
+    dtype: torch.dtype = torch.bfloat16,
+    device: torch.device | str = "cpu",
+    vq_config=None,
+) -> LuminaTarget:
+    """The real target from local files: the Lumina-mGPT checkpoint folder (config.json with
+    ``vocabulary_map``, safetensors shards; huggingface.co/Alpha-VLLM/Lumina-mGPT-7B-768) and
+    Meta's ``vqgan.ckpt`` (None: no decoder). Structural token ids are checked against the map."""
+    from coolsd.models.chameleon_vq import CHAMELEON_VQGAN, load_vqgan
+
+    model, hf = load_chameleon(folder, dtype=dtype, device=device)
+    vq_config = vq_config or CHAMELEON_VQGAN
+    vocab = ImageVocab.from_hf_config(hf, n_codes=vq_config.n_embed)
+    vmap = hf["vocabulary_map"]
+    tokens = LuminaTokens.from_vocabulary_map(vmap)
+    tokens.grid_token(h_latent // 2, vmap), tokens.grid_token(w_latent // 2, vmap)
+    decoder = None if vqgan_ckpt is None else load_vqgan(vqgan_ckpt, vq_config, device=device)
+    return LuminaTarget(model, vocab, h_latent=h_latent, w_latent=w_latent, cfg_scale=cfg_scale,
+                        decoder=decoder, tokens=tokens)
+
+
+__all__ = [
+    "ImageVocab", "LuminaTarget", "LuminaTokens", "PROMPT_TEMPLATE", "load_lumina_target", "prompt_ids", "prompt_text",
+]

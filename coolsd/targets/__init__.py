@@ -1,0 +1,1 @@
+"""Real targets assembled from local checkpoint files (one module per model family)."""
