@@ -5,9 +5,10 @@ latency, decode time and target forwards, and the speed-up against AR paired by 
 (METHODS.md 6). Image metrics of real targets come afterwards from records and PNGs
 (``python -m coolsd.evaluate``); the toy job adds its toy metrics (``coolsd.toy.job``).
 
-A ``world`` (the toy world, ``coolsd.targets.llamagen.LlamaGenWorld``, ...) provides ``gpt``
-(``.config.vocab_size``, ``.config.block_size``, parameters), ``encoder.encode(captions)``,
-``vq.decode_uint8(tokens)``, ``target()``, ``drafter()``, ``neighbours`` and ``manifest``.
+A ``world`` (the toy world, ``coolsd.targets.llamagen.LlamaGenWorld``, ``...lumina.LuminaWorld``)
+provides ``gpt`` (the target network: its parameters' device), ``encoder.encode(captions)``,
+``vq.decode_uint8(tokens)``, ``target()`` (an ImageTarget: ``vocab_size``, ``n_image_tokens``),
+``drafter()``, ``neighbours`` and ``manifest``.
 """
 from __future__ import annotations
 
@@ -38,11 +39,11 @@ def prompt_seed(run_seed: int, index: int) -> int:
 def generate_one(world, method, sampling, caption: str, seed: int):
     target = world.target()
     drafter = build_drafter(method, world.drafter() if method.drafter == "model" else None, sampling,
-                            world.gpt.config.vocab_size)
+                            target.vocab_size)
     with torch.no_grad():
         cond = world.encoder.encode([caption])
         return speculative_generate(
-            target, world.gpt.config.block_size, PerSampleRNG([seed]), rule=method.rule, drafter=drafter,
+            target, target.n_image_tokens, PerSampleRNG([seed]), rule=method.rule, drafter=drafter,
             tree=method.tree, sampling=sampling, cond=cond, batch_size=1,
             sync=device_sync(next(world.gpt.parameters()).device),
         )

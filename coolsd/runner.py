@@ -41,4 +41,11 @@ def run(cfg: DictConfig) -> dict:
         device = cfg.target.get("device", "cuda")
         world = load_llamagen_world(target_name, cfg.target, cfg.get("draft"), device=device)
         return run_image_target(cfg, world, name, params, tree, draft_length, output_dir(cfg), device)
-    raise ValueError(f"unknown target kind {kind!r}; valid: tabular, toy, llamagen")
+    if kind == "lumina":
+        from coolsd.job import run_image_target
+        from coolsd.targets.lumina import load_lumina_world
+
+        device = cfg.target.get("device", "cuda")
+        world = load_lumina_world(cfg.target.get("name", kind), cfg.target, cfg.get("draft"), device=device)
+        return run_image_target(cfg, world, name, params, tree, draft_length, output_dir(cfg), device)
+    raise ValueError(f"unknown target kind {kind!r}; valid: tabular, toy, llamagen, lumina")

@@ -235,3 +235,66 @@ def test_run_py_without_weights_stops_at_once_listing_missing_files(tmp_path):
     cfg = _compose("target=llamagen_xl", "draft=self", "target.files.gpt=/nowhere/gpt.pt")
     missing = missing_files(cfg.target, cfg.draft)
     assert any("gpt: /nowhere/gpt.pt does not exist" in m for m in missing) and not any("drafter" in m for m in missing)
+
+
+# ------------------------------------------------------------------------------------------ make paper-table2
+def _overrides(files):
+    gpt = ",".join(f"{k}:{v}" for k, v in TINY_GPT.items())
+    vq = ",".join(f"{k}:{list(v) if isinstance(v, tuple) else v}" for k, v in TINY_VQ.__dict__.items()).replace(" ", "")
+    return [f"target.files.gpt={files['gpt']}", f"target.files.vq={files['vq']}", f"target.files.t5={files['t5']}",
+            f"draft.path={files['drafter']}", "target.device=cpu", "target.dtype=float32", "target.t5_dtype=float32",
+            f"dataset.captions={ROOT / 'tests' / 'fixtures' / 'captions_val2017_tiny.json'}",
+            f"target.gpt_config={{{gpt}}}", f"+target.vq_config={{{vq}}}"]
+
+
+def test_paper_table2_on_a_real_target_runs_rows_and_metrics(files, tmp_path):
+    """The real-target path of make paper-table2 on tiny LlamaGen files: every Table 2 row runs
+    (the tree and rows of experiments/experiment/table2_llamagen_xl.yaml), AR pairs the
+    speed-ups, metrics come from the records and PNGs, and the table compares with the paper."""
+    from coolsd.metrics.reference import reference_statistics
+    from coolsd.report.real_sweep import real_table2_sweep
+    from coolsd.report.table2 import build_table, write_tables
+    from tiny_models import MomentFeatures, write_tiny_clip
+    from coolsd.metrics.clip_score import ClipScorer
+
+    coco = tmp_path / "val2017"
+    coco.mkdir()
+    r = np.random.default_rng(0)
+    from PIL import Image
+
+    for i in (1, 2, 3):
+        Image.fromarray(r.integers(0, 256, (20, 24, 3), dtype=np.uint8)).save(coco / f"{i:012d}.jpg")
+    feats = MomentFeatures()
+    (tmp_path / "clip").mkdir()
+    scorers = {"clip": ClipScorer.from_pretrained(write_tiny_clip(tmp_path / "clip")), "inception": feats,
+               "reference": reference_statistics(sorted(coco.glob("*.jpg")), feats, tmp_path / "cache", "w"),
+               "fid_resamples": 5}
+    res = real_table2_sweep("llamagen_xl", 2, tmp_path / "records", scorers, _overrides(files))
+    table = res["table"]
+    assert list(table) == ["ar", "eagle", "lantern_pp_2_10", "coolsd_1.1", "coolsd_2"]
+    assert table["ar"]["speedup"]["mean"] == 1.0 and table["coolsd_2"]["accepted_length"]["mean"] > 1.0
+    for tag, e in table.items():
+        assert {"clip_score", "fid", "latency_s"} <= set(e), tag
+        run = Path(res["runs"][tag])
+        assert json.loads((run / "run.json").read_text())["methods"].keys() == {e["params"]["method"]}  # AR is its own row
+    cfg = json.loads((Path(res["runs"]["eagle"]) / "run.json").read_text())
+    assert cfg["dataset"]["name"] == "coco2017val" and "naive_extend_57" in json.dumps(cfg["methods"])
+    df = build_table("llamagen_xl", table)
+    write_tables(df, tmp_path)
+    md = (tmp_path / "table2.md").read_text()
+    assert "| llamagen_xl | COOL-SD delta=2 |" in md and "3.34 (" in md  # paper value with our difference
+
+
+def test_paper_table2_real_target_lists_everything_missing_before_work(tmp_path, monkeypatch):
+    from coolsd.report.table2 import main
+
+    for v in ("LLAMAGEN_GPT", "LLAMAGEN_VQ", "FLAN_T5_XL", "LLAMAGEN_DRAFTER", "COCO_CAPTIONS", "CLIP_DIR",
+              "COCO_VAL_IMAGES", "INCEPTION_WEIGHTS"):
+        monkeypatch.delenv(v, raising=False)
+    with pytest.raises(SystemExit) as e:
+        main(["--targets", "llamagen_xl", "--records", str(tmp_path / "rec"), "--inception", str(tmp_path / "no.pth")])
+    msg = str(e.value)
+    for part in ("gpt: not set", "drafter: not set", "COCO captions", "CLIP model folder", "Inception weights",
+                 "COCO val2017 images", "jadohu/llamagen_drafter"):
+        assert part in msg, part
+    assert not (tmp_path / "rec").exists()

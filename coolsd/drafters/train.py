@@ -343,3 +343,9 @@ def llamagen_batch(
         uncond = torch.rand(tokens.shape[0], generator=generator) < uncond_prob
     feats, slots = llamagen_features(model, cond, tokens, uncond=uncond, both_halves=both_halves)
     return EagleBatch(tokens.to(feats.device), feats, slots[:, :-1] if text_prefix else None)
+
+
+if __name__ == "__main__":  # python -m coolsd.drafters.train target=... train.captions=... (coolsd.drafters.build)
+    from coolsd.drafters.build import main
+
+    main()

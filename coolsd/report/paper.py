@@ -27,3 +27,7 @@ def table2_rows(target: str) -> list[dict]:
         paper = dict(zip(TABLE2_COLUMNS, values)) if t == target else {c: None for c in TABLE2_COLUMNS}
         rows.append({"label": label, "method": method, "params": params, "paper": paper})
     return rows
+
+
+def tag_of(method: str, params: dict) -> str:
+    return "_".join([method] + [f"{v:g}" if isinstance(v, float) else str(v) for v in params.values()])

@@ -21,7 +21,6 @@ from coolsd.job import run_methods
 from coolsd.toy.job import summarize, toy_prompts
 
 ROOT = Path(__file__).resolve().parents[2]
-CI_KEYS = ("accepted_length", "latency_s", "toy_clip", "speedup", "toy_clip_minus_ar", "target_forwards")
 
 
 def cpu_name() -> str:
@@ -64,20 +63,20 @@ def toy_sweep(specs: list[tuple[str, str, dict]], prompts: int, records: Path, *
 
 
 def sweep_frame(table: dict) -> pd.DataFrame:
-    """One row per configuration: metric, metric_lo, metric_hi for every reported number."""
+    """One row per configuration: metric, metric_lo, metric_hi for every reported number (a
+    mean with ``ci95``, an FID with ``lo``/``hi``, or a difference ``diff`` with ``lo``/``hi``)."""
     rows = []
     for tag, e in table.items():
         r = {"tag": tag, "family": e["params"]["method"], "params": e["params"]}
-        for k in CI_KEYS:
-            if k in e:
-                r[k], (r[k + "_lo"], r[k + "_hi"]) = e[k]["mean"], e[k]["ci95"]
-        if e.get("toy_fid"):
-            r["toy_fid"], r["toy_fid_lo"], r["toy_fid_hi"] = e["toy_fid"]["fid"], e["toy_fid"]["lo"], e["toy_fid"]["hi"]
-        if e.get("toy_fid_minus_ar"):
-            d = e["toy_fid_minus_ar"]
-            r["toy_fid_minus_ar"], r["toy_fid_minus_ar_lo"], r["toy_fid_minus_ar_hi"] = d["diff"], d["lo"], d["hi"]
-        if "speedup_per_accepted_length" in e:
-            r["speedup_per_accepted_length"] = e["speedup_per_accepted_length"]
+        for k, v in e.items():
+            if not isinstance(v, dict):
+                if isinstance(v, (int, float)) and k != "params":
+                    r[k] = v
+                continue
+            if "mean" in v and "ci95" in v:
+                r[k], (r[k + "_lo"], r[k + "_hi"]) = v["mean"], v["ci95"]
+            elif "lo" in v and ("fid" in v or "diff" in v):
+                r[k], r[k + "_lo"], r[k + "_hi"] = v.get("fid", v.get("diff")), v["lo"], v["hi"]
         rows.append(r)
     return pd.DataFrame(rows)
 

@@ -10,46 +10,75 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
 import pandas as pd
+import torch
 from omegaconf import OmegaConf
 
 from coolsd.records import read_records, write_json_atomic
 from coolsd.report.compare import paired_comparison
-from coolsd.report.paper import TABLE2_COLUMNS, table2_rows
+from coolsd.report.paper import TABLE2_COLUMNS, table2_rows, tag_of
 from coolsd.report.plots import pareto_plot
+from coolsd.report.real_sweep import missing_inputs, real_table2_sweep, row_configs
 from coolsd.report.sweep import ROOT, sweep_frame, toy_sweep
 
 # our column per paper column, per target kind (toy metrics are not CLIP score / FID)
 OURS = {"toy": {"clip_score": "toy_clip", "fid": "toy_fid", "image_reward": None, "accepted_length": "accepted_length",
-                "latency_s": "latency_s", "speedup": "speedup"}}
+                "latency_s": "latency_s", "speedup": "speedup"},
+        "real": {c: c for c in TABLE2_COLUMNS}}
 HEADERS = {"clip_score": "CLIP", "fid": "FID", "image_reward": "ImageReward", "accepted_length": "accepted length",
            "latency_s": "latency (s)", "speedup": "speed-up"}
 
 
-def tag_of(method: str, params: dict) -> str:
-    return "_".join([method] + [f"{v:g}" if isinstance(v, float) else str(v) for v in params.values()])
-
-
 def check_target(target: str) -> dict:
-    """The target's config; for real targets every weight file it names must exist."""
+    """The target's config (conf/target/<target>.yaml); unknown names and the theory lab are errors."""
     path = ROOT / "conf" / "target" / f"{target}.yaml"
     if not path.is_file():
         known = sorted(p.stem for p in (ROOT / "conf" / "target").glob("*.yaml"))
         raise ValueError(f"unknown target {target!r}: no {path.relative_to(ROOT)}; configured targets: {known}")
     cfg = OmegaConf.load(path)
-    if cfg.kind in ("toy", "tabular"):
-        if cfg.kind == "tabular":
-            raise ValueError("target 'tabular' is the theory lab (exact statistics), not an image target")
-        return cfg
-    files = OmegaConf.to_container(cfg.get("files", {}), resolve=True) or {}
-    missing = [f"{k}: {v}" for k, v in files.items() if not v or not Path(v).exists()]
-    if missing or not files:
-        raise FileNotFoundError(f"target {target!r} cannot run here; missing weight files:\n  " + "\n  ".join(
-            missing or ["(the target lists no files; its adapter is not available yet)"]))
-    raise NotImplementedError(f"target {target!r}: sweeps of real targets need the adapter of issue #5")
+    if cfg.kind == "tabular":
+        raise ValueError("target 'tabular' is the theory lab (exact statistics), not an image target")
+    return cfg
+
+
+def metric_inputs(a) -> dict:
+    """name -> (path, source) of what the real-target metrics need (ImageReward only when set)."""
+    from coolsd.metrics.clip_score import CLIP_HF_REPO
+    from coolsd.metrics.image_reward import SOURCE as IR_SOURCE
+    from coolsd.metrics.inception import WEIGHTS_URL, default_inception_path
+    from coolsd.metrics.reference import COCO_IMAGES_SOURCE
+
+    out = {"CLIP model folder": (a.clip, f"https://huggingface.co/{CLIP_HF_REPO} [$CLIP_DIR]"),
+           "Inception weights": (a.inception or default_inception_path(), f"{WEIGHTS_URL} [$INCEPTION_WEIGHTS]"),
+           "COCO val2017 images": (a.coco_images, f"{COCO_IMAGES_SOURCE} [$COCO_VAL_IMAGES]")}
+    if a.ir_checkpoint:
+        out["ImageReward checkpoint"] = (a.ir_checkpoint, IR_SOURCE)
+        out["ImageReward med_config"] = (a.ir_med_config, IR_SOURCE)
+    return out
+
+
+def real_scorers(a) -> dict:
+    """The metric networks of ``coolsd.evaluate``, built once for every run of the sweep."""
+    from coolsd.evaluate import _weights_id
+    from coolsd.metrics.clip_score import ClipScorer
+    from coolsd.metrics.inception import InceptionFeatureExtractor, default_inception_path
+    from coolsd.metrics.reference import coco_image_files, reference_statistics
+
+    inception = InceptionFeatureExtractor.from_file(a.inception, device=a.metrics_device)
+    files = coco_image_files(a.coco_images)
+    kw = {"clip": ClipScorer.from_pretrained(a.clip, device=a.metrics_device), "inception": inception,
+          "reference": reference_statistics(files, inception, ROOT / "outputs" / "cache",
+                                            _weights_id(a.inception or default_inception_path())),
+          "fid_resamples": a.fid_resamples}
+    if a.ir_checkpoint:
+        from coolsd.metrics.image_reward import ImageRewardScorer
+
+        kw["image_reward"] = ImageRewardScorer(a.ir_checkpoint, a.ir_med_config, a.ir_python, device=a.metrics_device)
+    return kw
 
 
 def build_table(target: str, table: dict) -> pd.DataFrame:
@@ -112,26 +141,50 @@ def write_tables(df: pd.DataFrame, out: Path) -> None:
 
 
 def main(argv=None):
+    env = os.environ.get
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--targets", default="toy", help="comma-separated target names (conf/target/*.yaml)")
-    ap.add_argument("--prompts", type=int, default=60, help="prompts per target (the paper: 5,000)")
+    ap.add_argument("--prompts", type=int, default=None, help="prompts per target (default: toy 60, real 5,000 as the paper)")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "paper_table2")
     ap.add_argument("--records", type=Path, default=None, help="records folder (default outputs/paper_table2/<time>)")
+    ap.add_argument("--override", action="append", default=[], help="a Hydra override for every real-target run")
+    ap.add_argument("--clip", default=env("CLIP_DIR"))
+    ap.add_argument("--inception", default=env("INCEPTION_WEIGHTS"))
+    ap.add_argument("--coco-images", default=env("COCO_VAL_IMAGES"))
+    ap.add_argument("--ir-checkpoint", default=env("IMAGEREWARD_CKPT"))
+    ap.add_argument("--ir-med-config", default=env("IMAGEREWARD_MED_CONFIG"))
+    ap.add_argument("--ir-python", default=env("IMAGEREWARD_PYTHON"))
+    ap.add_argument("--metrics-device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--fid-resamples", type=int, default=100)
     a = ap.parse_args(argv)
     targets = [t.strip() for t in a.targets.split(",") if t.strip()]
-    for t in targets:  # every target is checked before any work starts
-        check_target(t)
     records_root = a.records or ROOT / "outputs" / "paper_table2" / time.strftime("%Y-%m-%d_%H-%M-%S")
+    kinds = {t: check_target(t).kind for t in targets}
+    missing = []  # every real target is checked before any work starts
+    for t in (t for t in targets if kinds[t] != "toy"):
+        cfg = row_configs(t, a.prompts or 5000, records_root / t, a.override)[0][1]
+        missing += [f"{t}: {m}" for m in missing_inputs(cfg, metric_inputs(a))]
+    if missing:
+        raise SystemExit("make paper-table2 cannot run; missing:\n  " + "\n  ".join(missing))
+    scorers = real_scorers(a) if any(k != "toy" for k in kinds.values()) else None
     a.out.mkdir(parents=True, exist_ok=True)
     frames, summaries = [], {}
+    coolsd_tag, lantern_tag = tag_of("coolsd", {"delta": 1.1}), tag_of("lantern_pp", {"lam": 2.0, "k": 10})
     for t in targets:
-        specs = [(tag_of(r["method"], r["params"]), r["method"], r["params"]) for r in table2_rows(t)]
-        res = toy_sweep(specs, a.prompts, records_root / t)
-        recs = read_records(records_root / t / "samples.jsonl")
-        test = paired_comparison(recs, tag_of("coolsd", {"delta": 1.1}), recs, tag_of("lantern_pp", {"lam": 2.0, "k": 10}))
+        if kinds[t] == "toy":
+            specs = [(tag_of(r["method"], r["params"]), r["method"], r["params"]) for r in table2_rows(t)]
+            res = toy_sweep(specs, a.prompts or 60, records_root / t)
+            recs = read_records(records_root / t / "samples.jsonl")
+            test = paired_comparison(recs, coolsd_tag, recs, lantern_tag)
+            metrics = ["toy_fid", "toy_clip"]
+        else:
+            res = real_table2_sweep(t, a.prompts or 5000, records_root / t, scorers, a.override)
+            test = paired_comparison(read_records(Path(res["runs"][coolsd_tag]) / "samples.jsonl"), "coolsd",
+                                     read_records(Path(res["runs"][lantern_tag]) / "samples.jsonl"), "lantern_pp")
+            metrics = ["fid", "clip_score", "image_reward"]
         summaries[t] = {"env": res["env"], "results": res["table"], "ttest_coolsd_1.1_vs_lantern_pp": test}
         frames.append(build_table(t, res["table"]))
-        pareto_plot(sweep_frame(res["table"]), a.out / f"pareto_{t}.png", ["toy_fid", "toy_clip"],
+        pareto_plot(sweep_frame(res["table"]), a.out / f"pareto_{t}.png", metrics,
                     f"{t}: quality against acceleration (95% CIs), Table 2 methods")
     df = pd.concat(frames, ignore_index=True)
     write_tables(df, a.out)

@@ -21,6 +21,7 @@ from coolsd.drafters.eagle import EagleConfig, EagleDrafter, EagleHead
 from coolsd.models.llamagen import GPT_XL, GPT_XL_512, LlamaGenConfig, LlamaGenGPT, LlamaGenTarget
 from coolsd.models.llamagen_vq import VQ_16, VQ_SOURCE, VQConfig, check_state_dict, load_llamagen_vq, read_torch_checkpoint
 from coolsd.models.t5_text import T5_SOURCE, T5CaptionEncoder
+from coolsd.targets.files import DTYPES, file_identity, missing_paths
 
 GPT_CONFIGS = {"GPT_XL": GPT_XL, "GPT_XL_512": GPT_XL_512}
 SOURCES = {
@@ -30,24 +31,13 @@ SOURCES = {
     "drafter": "https://huggingface.co/jadohu/llamagen_drafter (config.json + pytorch_model.bin; "
                "jadohu/llamagen2_drafter for 512 px), or train one: python -m coolsd.drafters.train",
 }
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
-
-
-def _set(v) -> bool:
-    return v not in (None, "", "null")
 
 
 def missing_files(target_cfg, draft_cfg=None) -> list[str]:
     """'name: path (why) -- source' for every file the target and its drafter need but lack."""
-    files = dict(target_cfg.get("files") or {})
+    out = missing_paths(dict(target_cfg.get("files") or {}), SOURCES)
     if draft_cfg is not None and draft_cfg.get("kind") == "eagle":
-        files["drafter"] = draft_cfg.get("path")
-    out = []
-    for name, path in files.items():
-        if not _set(path):
-            out.append(f"{name}: not set (set target.files.{name} or its environment variable) -- {SOURCES.get(name, '')}")
-        elif not Path(os.fspath(path)).exists():
-            out.append(f"{name}: {path} does not exist -- {SOURCES.get(name, '')}")
+        out += missing_paths({"drafter": draft_cfg.get("path")}, SOURCES, prefix="draft.path")
     return out
 
 
@@ -78,7 +68,8 @@ def load_eagle_head(folder, target: LlamaGenGPT) -> EagleHead:
     if not (d / "config.json").is_file() or weights is None:
         raise FileNotFoundError(f"drafter folder {d} needs config.json and pytorch_model.bin (or model.safetensors); "
                                 f"download {SOURCES['drafter']}")
-    cfg = EagleConfig.from_lantern(json.loads((d / "config.json").read_text()))
+    raw = json.loads((d / "config.json").read_text())
+    cfg = EagleConfig.from_lantern(raw)
     t = target.config
     if (cfg.hidden_size, cfg.vocab_size, cfg.block_size) != (t.dim, t.vocab_size, t.block_size):
         raise ValueError(f"drafter {d} is for hidden {cfg.hidden_size}, vocab {cfg.vocab_size}, {cfg.block_size} tokens; "
@@ -91,6 +82,8 @@ def load_eagle_head(folder, target: LlamaGenGPT) -> EagleHead:
         state = read_torch_checkpoint(weights, "drafter weights", SOURCES["drafter"])
     head = EagleHead(cfg)
     head.load_lantern(state)
+    # LANTERN's drafters were trained with the text-slot prefix; ours (coolsd.drafters.build) without
+    head.text_prefix = bool(raw.get("text_prefix", True))
     return head.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
 
 
@@ -119,12 +112,12 @@ class LlamaGenWorld:
     def __post_init__(self):
         self.neighbours = neighbours_from_codebook(self.vq.quantize.codebook().detach().float())
         # LANTERN's drafters prefill every text slot's feature: the target hands them all over
-        self._target = LlamaGenTarget(self.gpt, cfg_scale=self.cfg_scale,
-                                      prefill_features="all" if self.head is not None else "last")
+        prefix = self.head is not None and getattr(self.head, "text_prefix", True)
+        self._target = LlamaGenTarget(self.gpt, cfg_scale=self.cfg_scale, prefill_features="all" if prefix else "last")
         if self.draft_kind == "self":  # the target drafts for itself (its own caches)
             self._drafter = LlamaGenTarget(self.gpt, cfg_scale=self.cfg_scale)
         elif self.head is not None:
-            self._drafter = EagleDrafter.for_target(self.head, self._target, text_prefix=True)
+            self._drafter = EagleDrafter.for_target(self.head, self._target, text_prefix=prefix)
         else:
             self._drafter = None
 
@@ -135,11 +128,6 @@ class LlamaGenWorld:
         if self._drafter is None:
             raise ValueError("this method drafts with a model, but no drafter is configured (draft=...)")
         return self._drafter
-
-
-def file_identity(path) -> dict:
-    p = Path(os.fspath(path))
-    return {"name": p.name, "bytes": p.stat().st_size if p.is_file() else None}
 
 
 def load_llamagen_world(name: str, target_cfg, draft_cfg, device: str = "cuda") -> LlamaGenWorld:

@@ -85,6 +85,10 @@ class ToyWorld:
     def drafter(self) -> EagleDrafter:
         return self._drafter
 
+    def use_head(self, head: EagleHead) -> None:
+        """Draft with another EAGLE head (e.g. one trained by ``python -m coolsd.drafters.train``)."""
+        self._drafter = EagleDrafter.for_target(head, self._target)
+
     def use_self_drafting(self) -> None:
         """Draft with the target itself (separate caches): EAGLE then accepts every token."""
         self._drafter = LlamaGenTarget(self.gpt, cfg_scale=self.cfg_scale)
@@ -118,52 +122,12 @@ def _dataset(vq, n: int, seed: int, enc: CaptionEncoder):
     return enc.ids([s.caption for s in scenes]), torch.cat(tokens)
 
 
-def _target_data(gpt, enc, ids, seed: int, log, chunk: int = 256):
-    """The target's own CFG samples for the given captions and their features (both CFG halves),
-    computed once: (tokens (n, N), features (n, N+1, 2, H))."""
-    from coolsd.drafters.train import llamagen_features, target_samples
-
-    target = LlamaGenTarget(gpt, cfg_scale=TOY_CFG_SCALE)
-    toks, feats = [], []
-    t0 = time.perf_counter()
-    for i in range(0, len(ids), chunk):
-        cond = enc(ids[i : i + chunk])
-        t = target_samples(target, cond, gpt.config.block_size, [seed * 1_000_003 + i + j for j in range(len(cond["emb_mask"]))])
-        toks.append(t)
-        feats.append(llamagen_features(gpt, cond, t, both_halves=True)[0])
-        log(f"[toy drafter] target samples {i + len(t)}/{len(ids)} ({time.perf_counter() - t0:.0f}s)")
-    return torch.cat(toks), torch.cat(feats)
-
-
 def _train_drafter(gpt, enc, ids, vids, steps: int, n_gen: int, log, batch_size: int = 32):
-    """EAGLE-1 head on the target's own samples (LANTERN recipe; coolsd.drafters.train)."""
-    from coolsd.drafters.train import EagleBatch, evaluate_eagle, train_eagle
+    """EAGLE-1 head on the target's own samples (LANTERN recipe; coolsd.drafters.build)."""
+    from coolsd.drafters.build import train_on_target
 
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        toks, feats = _target_data(gpt, enc, ids[:n_gen], seed=1, log=log)
-        vt, vf = _target_data(gpt, enc, vids[:256], seed=2, log=log)
-    data_s = time.perf_counter() - t0
-    head = EagleHead.from_target(gpt, seed=0)
-    g = torch.Generator().manual_seed(1)
-
-    def batch_at(step):
-        idx = torch.randint(0, len(toks), (batch_size,), generator=g)
-        return EagleBatch(toks[idx], feats[idx])
-
-    evals = [EagleBatch(vt[i : i + 64], vf[i : i + 64]) for i in range(0, len(vt), 64)]
-
-    def progress(step, stats):
-        if (step + 1) % max(1, steps // 10) == 0:
-            log(f"[toy drafter] step {step + 1}/{steps} loss {stats['loss']:.4f} top1 {stats['top1']:.3f} "
-                f"({time.perf_counter() - t0:.0f}s)")
-
-    t1 = time.perf_counter()
-    train_eagle(head, gpt.output.weight.detach(), batch_at, steps, lr=1e-3, seed=0, on_step=progress)
-    ev = evaluate_eagle(head, gpt.output.weight.detach(), evals, cfg_scale=TOY_CFG_SCALE)
-    log("drafter held-out (target samples): " + ", ".join(f"{k} {float(v):.4f}" for k, v in ev.items()))
-    return head, {**{k: float(v) for k, v in ev.items()}, "n_target_samples": len(toks), "batch_size": batch_size,
-                  "data_seconds": data_s, "train_seconds": time.perf_counter() - t1}
+    return train_on_target(LlamaGenTarget(gpt, cfg_scale=TOY_CFG_SCALE), gpt, enc, ids[:n_gen], vids[:256], steps, log,
+                           batch_size=batch_size, lr=1e-3, seed=0, chunk=256, tag="toy drafter")
 
 
 def build_assets(out_dir: Path, quick: bool = False, force: bool = False, log=print) -> dict:

@@ -54,8 +54,13 @@ def run_toy(cfg, method_name: str, params: dict, tree: str, draft_length, out_di
     draft = (cfg.get("draft") or {}).get("kind", "shipped")
     if draft == "self":
         world.use_self_drafting()
+    elif draft == "eagle":  # a drafter folder (python -m coolsd.drafters.train target=toy): draft=llamagen_xl draft.path=...
+        from coolsd.targets.llamagen import load_eagle_head
+
+        world.use_head(load_eagle_head(cfg.draft.path, world.gpt))
     elif draft != "shipped":
-        raise ValueError(f"the toy world drafts with its shipped drafter (draft=toy) or itself (draft=self), not {draft!r}")
+        raise ValueError(f"the toy world drafts with its shipped drafter (draft=toy), itself (draft=self) or an EAGLE "
+                         f"folder (draft=llamagen_xl draft.path=...), not {draft!r}")
     runs = job_methods(cfg, method_name, params, tree, draft_length, world.neighbours)
     method = runs[method_name]
     sampling = SamplingConfig.resolve(cfg.target.get("sampling"), cfg.get("sampling"))
@@ -65,7 +70,8 @@ def run_toy(cfg, method_name: str, params: dict, tree: str, draft_length, out_di
     identity = {"job": "toy", "methods": {t: m.describe() for t, m in runs.items()}, "seed": int(cfg.seed),
                 "sampling": dataclasses.asdict(sampling), "cfg_scale": float(cfg.target.cfg_scale),
                 "dataset": {"name": d.name, "n_prompts": int(d.n_prompts), "offset": int(d.offset)},
-                "assets": world.manifest["sha256"], **({"draft": draft} if draft != "shipped" else {})}
+                "assets": world.manifest["sha256"], **({"draft": draft} if draft != "shipped" else {}),
+                **({"draft_path": str(cfg.draft.path)} if draft == "eagle" else {})}
     from omegaconf import OmegaConf
 
     from coolsd.tracking import make_logger

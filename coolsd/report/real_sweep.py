@@ -1,0 +1,104 @@
+"""Table 2 on a real target (``make paper-table2 TARGETS=llamagen_xl``): the rows of the paper's
+table run as the sweep ``experiments/experiment/table2_<target>.yaml`` defines them (tree,
+COCO prompts, one run per row with AR as its own row), on one loaded target, then the image
+metrics of every run from its records and PNGs (``coolsd.evaluate``). Speed-ups pair each row
+with the AR run on the same prompts and seeds (METHODS.md 6).
+
+Everything a run needs is checked before any work: the target's and drafter's files, the COCO
+captions, and the metric weights and reference images.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from coolsd.evaluate import evaluate_run
+from coolsd.records import read_records
+from coolsd.report.paper import table2_rows, tag_of
+from coolsd.stats import ratio_ci
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def compose(*overrides):
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return hydra_compose("config", overrides=list(overrides))
+
+
+def row_configs(target: str, prompts: int, records: Path, overrides=()) -> list[tuple[str, object]]:
+    """(row tag, composed job config) per Table 2 row (tags as ``tag_of``), from the target's
+    experiment file; each run writes to ``records / <row file name>``."""
+    exp = ROOT / "experiments" / "experiment" / f"table2_{target}.yaml"
+    if not exp.is_file():
+        raise ValueError(f"no Table 2 sweep for target {target!r} ({exp.relative_to(ROOT)} is missing)")
+    rows = str(OmegaConf.load(exp).hydra.sweeper.params["+row"]).split(",")
+    labels = [tag_of(r["method"], r["params"]) for r in table2_rows(target)]
+    if len(rows) != len(labels):
+        raise ValueError(f"{exp.name} lists {len(rows)} rows, the paper's table {len(labels)}")
+    return [(label, compose(f"+experiment=table2_{target}", f"+row={row}", f"dataset.n_prompts={prompts}",
+                            f"+out_dir={records / row}", *overrides)) for label, row in zip(labels, rows)]
+
+
+def missing_inputs(cfg, metrics: dict) -> list[str]:
+    """Files the sweep lacks: target and drafter (its adapter's list), COCO captions, metrics."""
+    kind = cfg.target.kind
+    if kind == "llamagen":
+        from coolsd.targets.llamagen import missing_files
+    elif kind == "lumina":
+        from coolsd.targets.lumina import missing_files
+    else:
+        raise ValueError(f"target kind {kind!r} is not a real image target")
+    out = list(missing_files(cfg.target, cfg.get("draft")))
+    cap = cfg.dataset.get("captions")
+    if not cap or not Path(os.fspath(cap)).is_file():
+        out.append(f"COCO captions: {cap or 'not set'} (set COCO_CAPTIONS; annotations/captions_val2017.json from "
+                   "http://images.cocodataset.org/annotations/annotations_trainval2017.zip)")
+    for name, (path, source) in metrics.items():
+        if not path or not Path(os.fspath(path)).exists():
+            out.append(f"{name}: {path or 'not set'} -- {source}")
+    return out
+
+
+def real_table2_sweep(target: str, prompts: int, records: Path, scorers: dict, overrides=(), device=None) -> dict:
+    """Runs every row, then the metrics. ``scorers``: keyword arguments of ``evaluate_run``
+    (clip, image_reward, inception + reference); returns {"env", "table", "runs"}."""
+    from coolsd.job import run_image_target
+    from coolsd.runner import method_from_cfg
+
+    configs = row_configs(target, prompts, records, overrides)
+    first = configs[0][1]
+    device = device or first.target.get("device", "cuda")
+    if first.target.kind == "llamagen":
+        from coolsd.targets.llamagen import load_llamagen_world as load
+    else:
+        from coolsd.targets.lumina import load_lumina_world as load
+    world = load(target, first.target, first.get("draft"), device=device)
+    t0 = time.perf_counter()
+    summaries, dirs = {}, {}
+    for label, cfg in configs:
+        name, params = method_from_cfg(cfg)
+        dirs[label] = Path(cfg.out_dir)
+        summaries[label] = run_image_target(cfg, world, name, params, cfg.tree.name, cfg.tree.get("draft_length"),
+                                            dirs[label], device)["results"][name]
+    gen_s = time.perf_counter() - t0
+    ar_label = next(label for label, cfg in configs if cfg.method.name == "ar")
+    ar_lat = {r["prompt_index"]: r["latency_s"] for r in read_records(dirs[ar_label] / "samples.jsonl")}
+    table = {}
+    for label, cfg in configs:
+        recs = sorted(read_records(dirs[label] / "samples.jsonl"), key=lambda r: r["prompt_index"])
+        e = dict(summaries[label])
+        e["speedup"] = ratio_ci([ar_lat[r["prompt_index"]] for r in recs], [r["latency_s"] for r in recs], paired=True)
+        metrics = evaluate_run(dirs[label], **scorers)["per_method"]
+        for m in ("clip_score", "image_reward", "fid"):
+            if m in metrics.get(cfg.method.name, {}):
+                e[m] = metrics[cfg.method.name][m]
+        table[label] = e
+    env = {"target": target, "prompts": prompts, "device": device, "batch_size": 1, "generation_seconds": gen_s,
+           "records": str(records), "speedup_reference": "the AR row: same prompts, seeds and machine, same sweep",
+           "files": world.manifest}
+    return {"env": env, "table": table, "runs": {k: str(v) for k, v in dirs.items()}}
