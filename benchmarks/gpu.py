@@ -1,0 +1,173 @@
+"""GPU speed of the LlamaGen-XL target (issue #5): per-token latency of the target and of an
+EAGLE-1 drafter step at batch 1, the memory-bandwidth bound, and speculative speed-ups, all
+measured side by side in one run with device syncs and warm-up excluded (METHODS.md 6).
+
+    python benchmarks/gpu.py                           # random weights of the real shapes (GPT-XL)
+    python benchmarks/gpu.py --gpt t2i_XL_stage1_256.pt  # the real checkpoint if present
+    python benchmarks/gpu.py --tiny --device cpu       # a seconds-long smoke run (tests use it)
+
+Goals: AR time per token <= 3x the time to read the weights once (bytes / peak bandwidth);
+speed-up / accepted length >= 0.85 with a trained drafter. Without one, the target drafts for
+itself (``self``): every draft is accepted, so accepted length is the tree depth + 1 and the
+speed-up shows the engine's overhead against that ceiling (drafting costs a full target step
+here, so speed-up / accepted length is far below what a 1-layer drafter gives). With random
+weights the distributions are near uniform, which does not change the cost of a forward.
+Writes results/gpu/<name>.json and .md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from coolsd.decoding.rng import PerSampleRNG  # noqa: E402
+from coolsd.drafters.eagle import EagleDrafter, EagleHead  # noqa: E402
+from coolsd.drafting import SamplingConfig, build_drafter  # noqa: E402
+from coolsd.generate import speculative_generate  # noqa: E402
+from coolsd.methods import build_method  # noqa: E402
+from coolsd.models.llamagen import GPT_XL, LlamaGenGPT, LlamaGenTarget, tiny  # noqa: E402
+from coolsd.timing import device_sync  # noqa: E402
+
+# peak HBM bandwidth, GB/s (vendor figures), by a substring of torch.cuda.get_device_name()
+BANDWIDTH_GBS = {"H200": 4800, "H100 SXM": 3350, "H100 PCIe": 2000, "H100": 3350, "A100-SXM4-80GB": 2039,
+                 "A100-SXM4-40GB": 1555, "A100": 1555, "L40S": 864, "A10G": 600, "RTX 4090": 1008}
+
+
+def bandwidth_of(name: str) -> float | None:
+    return next((v for k, v in BANDWIDTH_GBS.items() if k in name), None)
+
+
+def timed(fn, sync, repeats: int) -> list[float]:
+    fn()  # warm-up, excluded
+    out = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--gpt", default=None, help="t2i_XL_stage1_256.pt (default: random weights of its shapes)")
+    ap.add_argument("--tiny", action="store_true", help="tiny shapes (a smoke run on any machine)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--tree", default="mc_sim_7b_63")
+    ap.add_argument("--bandwidth-gbs", type=float, default=None, help="peak memory bandwidth (default: by GPU name)")
+    ap.add_argument("--out", type=Path, default=ROOT / "results" / "gpu")
+    ap.add_argument("--name", default=None)
+    a = ap.parse_args(argv)
+    dev, dtype = torch.device(a.device), getattr(torch, a.dtype)
+    cfg = tiny() if a.tiny else GPT_XL
+    torch.manual_seed(0)
+    if a.gpt:
+        from coolsd.targets.llamagen import load_gpt
+
+        gpt = load_gpt(a.gpt, cfg, dtype, dev)
+    else:
+        with torch.device(dev):
+            gpt = LlamaGenGPT(cfg)
+    gpt = gpt.to(dtype).eval().requires_grad_(False)
+    head = EagleHead.from_target(gpt, seed=0).to(dev, dtype).eval()
+    sync = device_sync(dev)
+    g = torch.Generator().manual_seed(0)
+    cond = {"caption_embs": torch.randn(1, cfg.cls_token_num, cfg.caption_dim, generator=g).to(dev, dtype),
+            "emb_mask": torch.ones(1, cfg.cls_token_num, dtype=torch.bool, device=dev)}
+    cond["emb_mask"][0, : cfg.cls_token_num // 3] = False  # a left-padded caption
+    sampling = SamplingConfig(temperature=1.0, top_k=min(2000, cfg.vocab_size), top_p=1.0)
+    N = cfg.block_size
+
+    def target():
+        return LlamaGenTarget(gpt, cfg_scale=3.0)
+
+    def gen(method, drafter_model):
+        t = target()
+        drafter = build_drafter(method, drafter_model, sampling, cfg.vocab_size)
+        with torch.no_grad():
+            return speculative_generate(t, N, PerSampleRNG([0]), rule=method.rule, drafter=drafter, tree=method.tree,
+                                        sampling=sampling, cond=cond, batch_size=1, sync=sync)
+
+    results, runs = {}, {}
+    ar = build_method("ar")
+    runs["ar"] = [gen(ar, None) for _ in range(a.repeats + 1)][1:]  # first run: warm-up
+    for name, method in [("eagle_self", build_method("eagle", tree=a.tree)),
+                         ("coolsd2_self", build_method("coolsd", tree=a.tree, delta=2.0))]:
+        runs[name] = [gen(method, target()) for _ in range(a.repeats + 1)][1:]
+    ar_s = statistics.median(r.seconds for r in runs["ar"])
+    for name, rs in runs.items():
+        s = statistics.median(r.seconds for r in rs)
+        tau = statistics.mean(r.accepted_length(0) for r in rs) if name != "ar" else 1.0
+        results[name] = {"seconds_per_image": s, "seconds_per_token": s / N, "accepted_length": tau,
+                         "speedup": ar_s / s, "speedup_per_accepted_length": ar_s / s / tau}
+
+    # single forwards at batch 1: one AR decode step, one verification forward of the tree, one drafter step
+    t = target()
+    with torch.no_grad():
+        t.begin(cond, 1)
+        one = torch.zeros(1, 1, dtype=torch.long, device=dev)
+        step_ar = timed(lambda: (t.forward(one, torch.zeros(1, 1, dtype=torch.long, device=dev),
+                                           torch.ones(1, 1, dtype=torch.bool, device=dev)), t.commit(
+            torch.zeros(1, 0, dtype=torch.long, device=dev), torch.zeros(1, dtype=torch.long, device=dev))), sync, a.repeats * 5)
+        tree = build_method("eagle", tree=a.tree).tree
+        m = tree.n_nodes + 1
+        toks = torch.zeros(1, m, dtype=torch.long, device=dev)
+        pos = tree.depth.to(dev).expand(1, -1)
+        anc = tree.ancestors.to(dev)
+        step_tree = timed(lambda: (t.forward(toks, pos, anc), t.commit(torch.zeros(1, 0, dtype=torch.long, device=dev),
+                                                                       torch.zeros(1, dtype=torch.long, device=dev))),
+                          sync, a.repeats * 5)
+        d = EagleDrafter.for_target(head, t)
+        d.begin(cond, 1)
+        feats = torch.zeros(1, 1, 2, cfg.dim, dtype=dtype, device=dev)
+        step_draft = timed(lambda: (d.forward(one, torch.zeros(1, 1, dtype=torch.long, device=dev),
+                                              torch.ones(1, 1, dtype=torch.bool, device=dev), feats),
+                                    d.commit(torch.zeros(1, 0, dtype=torch.long, device=dev),
+                                             torch.zeros(1, dtype=torch.long, device=dev))), sync, a.repeats * 5)
+    weight_bytes = sum(p.numel() * p.element_size() for p in gpt.parameters())
+    gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or platform.machine()
+    bw = a.bandwidth_gbs or (bandwidth_of(gpu) if dev.type == "cuda" else None)
+    bound = weight_bytes / (bw * 1e9) if bw else None
+    forwards = {"ar_step_s": statistics.median(step_ar), "tree_verify_s": statistics.median(step_tree),
+                "tree_tokens": m, "drafter_step_s": statistics.median(step_draft),
+                "drafter_over_target_step": statistics.median(step_draft) / statistics.median(step_ar)}
+    out = {"device": gpu, "torch": torch.__version__, "dtype": a.dtype, "weights": a.gpt or "random (real shapes)" if
+           not a.tiny else "random (tiny shapes)", "gpt_params": sum(p.numel() for p in gpt.parameters()),
+           "weight_bytes": weight_bytes, "bandwidth_gbs": bw, "bandwidth_bound_s_per_token": bound,
+           "ar_per_token_over_bound": results["ar"]["seconds_per_token"] / bound if bound else None,
+           "image_tokens": N, "cfg_scale": 3.0, "tree": a.tree, "repeats": a.repeats, "forwards_batch1": forwards,
+           "generation": results,
+           "note": "self-drafting: the drafter is the target itself (no trained drafter), so its accepted length is the "
+                   "ceiling depth + 1 and each draft step costs a target step"}
+    a.out.mkdir(parents=True, exist_ok=True)
+    name = a.name or ("tiny_" if a.tiny else "llamagen_xl_") + dev.type
+    (a.out / f"{name}.json").write_text(json.dumps(out, indent=1))
+    lines = [f"# GPU benchmark: LlamaGen {'tiny' if a.tiny else 'GPT-XL'} ({out['weights']}), {gpu}, {a.dtype}", "",
+             f"- weights {weight_bytes / 1e9:.2f} GB; bandwidth {bw} GB/s; bound {bound * 1e3:.2f} ms/token" if bound else
+             f"- weights {weight_bytes / 1e9:.3f} GB; bandwidth unknown (pass --bandwidth-gbs)",
+             f"- AR: {results['ar']['seconds_per_token'] * 1e3:.2f} ms/token"
+             + (f" = {out['ar_per_token_over_bound']:.2f}x the bandwidth bound (goal <= 3)" if bound else ""),
+             f"- one forward at batch 1 (CFG doubled): AR step {forwards['ar_step_s'] * 1e3:.2f} ms, tree verify ({m} tokens) "
+             f"{forwards['tree_verify_s'] * 1e3:.2f} ms, EAGLE drafter step {forwards['drafter_step_s'] * 1e3:.2f} ms", "",
+             "| method | s / image | accepted length | speed-up | speed-up / accepted length |", "|---|---|---|---|---|"]
+    lines += [f"| {k} | {v['seconds_per_image']:.3f} | {v['accepted_length']:.2f} | {v['speedup']:.2f} | "
+              f"{v['speedup_per_accepted_length']:.2f} |" for k, v in results.items()]
+    (a.out / f"{name}.md").write_text("\n".join(lines + ["", out["note"]]) + "\n")
+    print("\n".join(lines))
+    return out
+
+
+if __name__ == "__main__":
+    main()
