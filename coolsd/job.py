@@ -27,6 +27,7 @@ from coolsd.drafting import SamplingConfig, build_drafter
 from coolsd.generate import speculative_generate
 from coolsd.methods import build_method
 from coolsd.records import RecordWriter, claim_run_dir, resume_records, save_png_atomic, write_json_atomic
+from coolsd.shards import Shard
 from coolsd.stats import mean_ci, ratio_ci
 from coolsd.timing import device_sync
 
@@ -67,16 +68,17 @@ def generate_record(world, method, sampling, scene, idx: int, seed: int, tag: st
     return rec, img
 
 
-def run_methods(world, methods: dict, sampling, scenes, run_seed, writer: RecordWriter, offset: int,
+def run_methods(world, methods: dict, sampling, scenes, run_seed, writer: RecordWriter, indices: list[int],
                 done: list[dict] | None = None):
-    """Every method on every prompt, methods interleaved per prompt so that machine noise hits
-    all of them alike (latency ratios are measured side by side). ``done``: records of an
+    """Every method on every prompt (``indices``: each scene's prompt index), methods interleaved
+    per prompt so that machine noise hits all of them alike (latency ratios are measured side by
+    side). ``done``: records of an
     interrupted run in the same folder; their (method, prompt) pairs are skipped, and since
     every prompt's seed comes from the run seed and its index, the resumed records equal an
     uninterrupted run's (latencies aside). Returns {tag: (records, uint8 images)} in prompt
     order, images read back from the PNGs for resumed samples."""
     have = {(r["method"], r["prompt_index"]): r for r in (done or [])}
-    todo = [(i, tag) for i in range(len(scenes)) for tag in methods if (tag, offset + i) not in have]
+    todo = [(i, tag) for i in range(len(scenes)) for tag in methods if (tag, indices[i]) not in have]
     if todo:
         for tag, m in methods.items():  # warm-up, excluded
             generate_one(world, m, sampling, scenes[0].caption, 0)
@@ -84,7 +86,7 @@ def run_methods(world, methods: dict, sampling, scenes, run_seed, writer: Record
     with tqdm(total=len(scenes) * len(methods), initial=len(scenes) * len(methods) - len(todo),
               desc="samples", unit="img") as bar:
         for i, tag in todo:
-            idx = offset + i
+            idx = indices[i]
             rec, img = generate_record(world, methods[tag], sampling, scenes[i], idx, prompt_seed(run_seed, idx), tag)
             fresh[(tag, idx)] = (writer.append(rec, img, f"{tag}/{idx:05d}.png"), img)
             bar.update()
@@ -92,7 +94,7 @@ def run_methods(world, methods: dict, sampling, scenes, run_seed, writer: Record
     for tag in methods:
         rows, imgs = [], []
         for i in range(len(scenes)):
-            key = (tag, offset + i)
+            key = (tag, indices[i])
             if key in fresh:
                 rec, img = fresh[key]
             else:
@@ -125,6 +127,26 @@ def make_grid(rows: list[np.ndarray], scale: int = 3, labels: list[str] | None =
     for i, text in enumerate(labels):
         draw.text((4, i * (h + 2) * scale + (h * scale) // 2 - 5), text, fill="black")
     return np.asarray(canvas)
+
+
+def run_shard(world, runs: dict, sampling, prompts: list, cfg, out_dir: Path, identity: dict):
+    """Claim the run folder, resume this shard's records and generate the rest. Returns
+    (outputs as ``run_methods``, the prompts they cover, shard). With ``shard.count`` > 1 the
+    outputs cover this shard's prompts only; the summary comes from ``coolsd.merge``."""
+    shard = Shard.from_cfg(cfg)  # validated before any work
+    identity = {**identity, **shard.identity()}
+    offset = int(cfg.dataset.offset)
+    done = resume_records(out_dir, shard.records_name) if claim_run_dir(out_dir, identity) else []
+    positions = shard.select(len(prompts))
+    if done:
+        print(f"resuming {out_dir}: {len(done)} of {len(positions) * len(runs)} samples already there")
+    mine = [prompts[i] for i in positions]
+    outputs = run_methods(world, runs, sampling, mine, cfg.seed, RecordWriter(out_dir, shard.records_name),
+                          [offset + i for i in positions], done=done)
+    if shard.count > 1:
+        print(f"shard {shard.index} of {shard.count} done ({len(mine)} prompts); when every shard is done: "
+              f"python -m coolsd.merge {out_dir}")
+    return outputs, mine, shard
 
 
 def speed_summary(outputs: dict) -> dict:
@@ -188,10 +210,10 @@ def run_image_target(cfg, world, method_name: str, params: dict, tree: str, draf
                 "files": world.manifest}
     logger = make_logger(cfg.get("logger"), OmegaConf.to_container(cfg, resolve=True),
                          name=f"{target_name}/{method_name}/{out_dir.name}")
-    done = resume_records(out_dir) if claim_run_dir(out_dir, identity) else []
-    if done:
-        print(f"resuming {out_dir}: {len(done)} of {len(prompts) * len(runs)} samples already there")
-    outputs = run_methods(world, runs, sampling, prompts, cfg.seed, RecordWriter(out_dir), int(d.offset), done=done)
+    outputs, prompts, shard = run_shard(world, runs, sampling, prompts, cfg, out_dir, identity)
+    if shard.count > 1:
+        logger.finish()
+        return {"job": "image_target", "shard": shard.index, "shards": shard.count, "n_prompts": len(prompts)}
     table = speed_summary(outputs)
     summary = {"job": "image_target", "target": target_name, "method": runs[method_name].describe(),
                "n_prompts": len(prompts), "sampling": dataclasses.asdict(sampling), "device": device,

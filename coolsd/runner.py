@@ -21,6 +21,9 @@ def output_dir(cfg: DictConfig) -> Path:
 
 
 def run(cfg: DictConfig) -> dict:
+    from coolsd.shards import Shard
+
+    Shard.from_cfg(cfg)  # a bad shard is an error before anything loads
     name, params = method_from_cfg(cfg)
     tree, draft_length = cfg.tree.name, cfg.tree.get("draft_length")
     kind = cfg.target.kind

@@ -52,7 +52,8 @@ def toy_sweep(specs: list[tuple[str, str, dict]], prompts: int, records: Path, *
                 "n_prompts": prompts, "assets": world.manifest["sha256"]}
     done = resume_records(records) if claim_run_dir(records, identity) else []
     t0 = time.perf_counter()
-    outputs = run_methods(world, methods, sampling, scenes, seed, RecordWriter(records), 0, done=done)
+    outputs = run_methods(world, methods, sampling, scenes, seed, RecordWriter(records), list(range(len(scenes))),
+                          done=done)
     env = {"target": "toy", "prompts": prompts, "tree": tree, "draft_length": draft_length, "threads": 1,
            "batch_size": 1, "sampling": dataclasses.asdict(sampling), "cfg_scale": float(target_cfg.cfg_scale),
            "cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,

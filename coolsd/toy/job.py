@@ -10,9 +10,9 @@ import numpy as np
 import torch
 
 from coolsd.drafting import SamplingConfig
-from coolsd.job import job_methods, make_grid, run_methods, speed_summary
+from coolsd.job import job_methods, make_grid, run_shard, speed_summary
 from coolsd.metrics.toy import bootstrap_fid_ci, caption_attributes, paired_fid_difference_ci, toy_clip_scores
-from coolsd.records import RecordWriter, claim_run_dir, resume_records, save_png_atomic, write_json_atomic
+from coolsd.records import save_png_atomic, write_json_atomic
 from coolsd.stats import mean_ci
 from coolsd.toy.assets import load_toy_world
 from coolsd.toy.world import render_batch, sample_scenes
@@ -78,12 +78,10 @@ def run_toy(cfg, method_name: str, params: dict, tree: str, draft_length, out_di
 
     logger = make_logger(cfg.get("logger"), OmegaConf.to_container(cfg, resolve=True),
                          name=f"toy/{method_name}/{out_dir.name}")  # before work: a missing extra fails here
-    resumed = claim_run_dir(out_dir, identity)
-    done = resume_records(out_dir) if resumed else []
-    if done:
-        print(f"resuming {out_dir}: {len(done)} of {len(scenes) * len(runs)} samples already there")
-    writer = RecordWriter(out_dir)
-    outputs = run_methods(world, runs, sampling, scenes, cfg.seed, writer, d.offset, done=done)
+    outputs, scenes, shard = run_shard(world, runs, sampling, scenes, cfg, out_dir, identity)
+    if shard.count > 1:
+        logger.finish()
+        return {"job": "toy", "shard": shard.index, "shards": shard.count, "n_prompts": len(scenes)}
     table = summarize(world, outputs, scenes)
     summary = {"job": "toy", "method": method.describe(), "n_prompts": len(scenes), "sampling": dataclasses.asdict(sampling),
                "device": "cpu", "threads": torch.get_num_threads(), "batch_size": 1,

@@ -1,0 +1,85 @@
+"""Sharded runs (coolsd.shards, coolsd.merge): shards of one folder merge into the records of a
+one-process run; bad shards, a changed shard count, incomplete runs and folders of other
+configurations are clear errors."""
+import json
+
+import pytest
+
+from coolsd.merge import merge
+from coolsd.runner import run
+from coolsd.shards import Shard
+from test_llamagen_target import _compose
+
+TIMING = ("latency_s", "decode_s")
+
+
+def _strip(records):
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in records]
+
+
+def _records(folder):
+    return [json.loads(x) for x in (folder / "samples.jsonl").read_text().splitlines()]
+
+
+def _run(out, *overrides, n=5):
+    return run(_compose("method=eagle", f"dataset.n_prompts={n}", f"+out_dir={out}", *overrides))
+
+
+def test_shard_selection_partitions_the_prompts_and_validates():
+    parts = [Shard(k, 3).select(10) for k in range(3)]
+    assert sorted(sum(parts, [])) == list(range(10)) and parts[1] == [1, 4, 7]
+    assert Shard().records_name == "samples.jsonl" and Shard(2, 3).records_name == "samples.shard-002-of-003.jsonl"
+    with pytest.raises(ValueError, match=r"shard.index 3 is out of range for shard.count 3 \(valid: 0 .. 2\)"):
+        Shard(3, 3)
+    with pytest.raises(ValueError, match="shard.count must be >= 1"):
+        Shard(0, 0)
+    with pytest.raises(ValueError, match="shard.index must be an integer"):
+        Shard("a", 2)
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    out = tmp_path_factory.mktemp("single") / "run"
+    _run(out)
+    return out
+
+
+def test_shards_merge_into_the_one_process_records(single, tmp_path):
+    out = tmp_path / "sharded"
+    for k in (2, 0, 1):  # any order
+        res = _run(out, f"shard.index={k}", "shard.count=3")
+        assert res["shard"] == k and res["n_prompts"] == len(Shard(k, 3).select(5))
+    assert sorted(p.name for p in out.glob("samples*.jsonl")) == [f"samples.shard-00{k}-of-003.jsonl" for k in range(3)]
+    summary = merge(out)
+    assert _strip(_records(out)) == _strip(_records(single))
+    one = json.loads((single / "summary.json").read_text())["results"]
+    for tag in ("ar", "eagle"):
+        assert summary["results"][tag]["accepted_length"] == one[tag]["accepted_length"]
+        assert summary["results"][tag]["toy_clip"] == one[tag]["toy_clip"]
+    assert summary["prompts_missing"] == [] and summary["merged_shards"] == 3
+    with pytest.raises(ValueError, match="holds a run of another configuration.*shards"):
+        _run(out, "shard.index=0", "shard.count=2")  # the shard count changed: refused, nothing written
+    assert not list(out.glob("samples.shard-*-of-002.jsonl"))
+
+
+def test_incomplete_and_foreign_merges_are_errors(single, tmp_path):
+    out = tmp_path / "part"
+    _run(out, "shard.index=0", "shard.count=2")
+    with pytest.raises(ValueError, match=r"2 of 5 prompts are incomplete \(1, 3\).*--partial"):
+        merge(out)
+    assert not (out / "summary.json").exists()
+    s = merge(out, partial=True)
+    assert s["prompts_complete"] == 3 and s["prompts_missing"] == [1, 3]
+    other = tmp_path / "other"
+    _run(other, "shard.index=1", "shard.count=2")
+    s = merge(out, sources=[other])  # shards written in two folders
+    assert _strip(_records(out)) == _strip(_records(single)) and s["prompts_missing"] == []
+    with pytest.raises(ValueError, match="another configuration.*differs in shards"):
+        merge(out, sources=[single])  # an unsharded run of the same method
+    foreign = tmp_path / "foreign"
+    run(_compose("method=coolsd", "dataset.n_prompts=5", f"+out_dir={foreign}", "shard.index=1", "shard.count=2"))
+    with pytest.raises(ValueError, match="another configuration.*methods.coolsd"):
+        merge(out, sources=[foreign])
+    with pytest.raises(ValueError, match="out of range"):
+        _run(tmp_path / "bad", "shard.index=5", "shard.count=2")
+    assert not (tmp_path / "bad").exists()
