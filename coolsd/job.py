@@ -102,7 +102,7 @@ def run_methods(world, methods: dict, sampling, scenes, run_seed, writer: Record
                 img = np.asarray(Image.open(writer.dir / rec["image"]).convert("RGB"))
             rows.append(rec)
             imgs.append(img)
-        out[tag] = (rows, np.stack(imgs))
+        out[tag] = (rows, np.stack(imgs) if imgs else None)  # None: a shard without prompts
     return out
 
 

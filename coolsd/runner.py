@@ -6,6 +6,21 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 
+def safe_dirname(overrides: str, limit: int = 100) -> str:
+    """A folder name from Hydra's ``override_dirname``: path separators replaced; long names
+    cut and suffixed with a hash of the whole, so distinct configurations never share a folder."""
+    import hashlib
+
+    name = overrides.replace("/", "_") or "default"
+    if len(name) > limit:
+        name = name[:limit] + "_" + hashlib.sha256(overrides.encode()).hexdigest()[:10]
+    return name
+
+
+# ``hydra.sweep.subdir`` (conf/config.yaml) names each run folder with it
+OmegaConf.register_new_resolver("coolsd_dirname", safe_dirname, replace=True)
+
+
 def method_from_cfg(cfg: DictConfig) -> tuple[str, dict]:
     m = OmegaConf.to_container(cfg.method, resolve=True)
     name = m.pop("name")

@@ -77,7 +77,7 @@ def test_table2_toy_runs_as_a_hydra_multirun(tmp_path):
                            "dataset.n_prompts=1", f"hydra.sweep.dir={out}"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)  # from another cwd
     assert proc.returncode == 0, proc.stderr[-3000:]
-    runs = sorted(p.name for p in out.iterdir() if p.is_dir())
-    assert runs == ["0_eagle", "1_coolsd"]
-    summary = json.loads((out / "1_coolsd" / "summary.json").read_text())
+    runs = sorted(p.name for p in out.iterdir() if p.is_dir())  # folders named by the swept values
+    assert runs == ["coolsd_+row=coolsd_2,dataset.n_prompts=1", "eagle_+row=eagle,dataset.n_prompts=1"]
+    summary = json.loads((out / runs[0] / "summary.json").read_text())
     assert summary["method"]["delta"] == 2.0 and summary["n_prompts"] == 1

@@ -83,3 +83,51 @@ def test_incomplete_and_foreign_merges_are_errors(single, tmp_path):
     with pytest.raises(ValueError, match="out of range"):
         _run(tmp_path / "bad", "shard.index=5", "shard.count=2")
     assert not (tmp_path / "bad").exists()
+
+
+def test_submitit_local_sweep_survives_a_sigkill_and_merges_to_the_one_process_records(tmp_path):
+    """A sweep of 3 shards through Hydra's submitit launcher (one process per shard): one shard
+    process is killed with SIGKILL mid-run; the same command again resumes every shard; the merged
+    records equal the one-process run's (timings aside)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, str(root / "run.py"), "-m", "hydra/launcher=local", "method=eagle", "dataset.n_prompts=9",
+           "shard.index=0,1,2", "shard.count=3", f"hydra.sweep.dir={sweep}"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run_dir = sweep / "eagle_dataset.n_prompts=9,method=eagle"  # the swept values name the folder, not the shard
+    killed, deadline = None, time.time() + 300
+    while killed is None and time.time() < deadline and proc.poll() is None:
+        jobs = sweep / ".submitit"
+        for f in sorted(run_dir.glob("samples.shard-*.jsonl")) if run_dir.exists() else []:
+            n = len(f.read_text().splitlines())
+            if 1 <= n < 5:  # this shard (3 prompts x 2 methods) has written a sample and is still working
+                pids = [int(p.name) for p in jobs.iterdir() if p.name.isdigit()] if jobs.exists() else []
+                for pid in pids:  # submitit's local job id is its controller; the job runs in its child
+                    shard = f.name.split("-")[1]
+                    submitted = jobs / str(pid) / f"{pid}_submitted.pkl"
+                    if submitted.exists() and f"shard.index={int(shard)}" in submitted.read_bytes().decode("latin-1"):
+                        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+                        if children:
+                            os.kill(int(children[0]), signal.SIGKILL)
+                            killed = (shard, n)
+                        break
+            if killed:
+                break
+        time.sleep(0.05)
+    out, _ = proc.communicate(timeout=600)
+    assert killed is not None, "no shard was caught mid-run\n" + out[-3000:]
+    assert proc.returncode != 0  # the sweep reports the killed job
+    again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    merge(run_dir)
+    single = tmp_path / "single"
+    _run(single, n=9)
+    assert _strip(_records(run_dir)) == _strip(_records(single))
+    assert len(_records(run_dir)) == 18
