@@ -37,59 +37,77 @@ def prompt_seed(run_seed: int, index: int) -> int:
     return int(np.random.default_rng([run_seed, index]).integers(2**62))
 
 
-def generate_one(world, method, sampling, caption: str, seed: int):
+def generate_batch(world, method, sampling, captions: list, seeds: list):
+    """One batch of prompts (each with its own seed and its own accepted lengths: per-sample KV
+    commits), through the one generation loop. Equal to generating each prompt alone."""
     target = world.target()
     drafter = build_drafter(method, world.drafter() if method.drafter == "model" else None, sampling,
                             target.vocab_size)
     with torch.no_grad():
-        cond = world.encoder.encode([caption])
+        cond = world.encoder.encode(list(captions))
         return speculative_generate(
-            target, target.n_image_tokens, PerSampleRNG([seed]), rule=method.rule, drafter=drafter,
-            tree=method.tree, sampling=sampling, cond=cond, batch_size=1,
+            target, target.n_image_tokens, PerSampleRNG(list(seeds)), rule=method.rule, drafter=drafter,
+            tree=method.tree, sampling=sampling, cond=cond, batch_size=len(seeds),
             sync=device_sync(next(world.gpt.parameters()).device),
         )
 
 
-def generate_record(world, method, sampling, scene, idx: int, seed: int, tag: str):
-    """One prompt at batch 1 -> (record, uint8 image)."""
-    res = generate_one(world, method, sampling, scene.caption, seed)
+def generate_one(world, method, sampling, caption: str, seed: int):
+    return generate_batch(world, method, sampling, [caption], [seed])
+
+
+def generate_records(world, method, sampling, scenes, idxs: list[int], seeds: list[int], tag: str):
+    """A batch of prompts -> [(record, uint8 image)]. ``latency_s`` is the batch's wall time (what
+    each of its images waited), ``decode_s`` its VQ decode time; ``batch_size`` says which."""
+    res = generate_batch(world, method, sampling, [s.caption for s in scenes], seeds)
     sync = device_sync(res.tokens.device)
     t0 = time.perf_counter()
     with torch.no_grad():
-        img = world.vq.decode_uint8(res.tokens)[0]
+        imgs = world.vq.decode_uint8(res.tokens)
     sync()
     decode_s = time.perf_counter() - t0
-    rec = {
-        "prompt_index": idx, "caption": scene.caption, "seed": seed, "method": tag,
-        "params": method.describe(), "round_lengths": res.round_lengths[0],
-        "accepted_length": res.accepted_length(0), "target_forwards": res.target_forwards[0],
-        "draft_forwards": res.draft_forwards, "latency_s": res.seconds, "decode_s": decode_s,
-    }
-    return rec, img
+    B = len(seeds)
+    return [({"prompt_index": idx, "caption": sc.caption, "seed": seed, "method": tag, "params": method.describe(),
+              "round_lengths": res.round_lengths[b], "accepted_length": res.accepted_length(b),
+              "target_forwards": res.target_forwards[b], "draft_forwards": res.draft_forwards,
+              "latency_s": res.seconds, "decode_s": decode_s, **({"batch_size": B} if B > 1 else {})}, imgs[b])
+            for b, (sc, idx, seed) in enumerate(zip(scenes, idxs, seeds))]
+
+
+def generate_record(world, method, sampling, scene, idx: int, seed: int, tag: str):
+    """One prompt at batch 1 -> (record, uint8 image)."""
+    return generate_records(world, method, sampling, [scene], [idx], [seed], tag)[0]
 
 
 def run_methods(world, methods: dict, sampling, scenes, run_seed, writer: RecordWriter, indices: list[int],
-                done: list[dict] | None = None):
-    """Every method on every prompt (``indices``: each scene's prompt index), methods interleaved
-    per prompt so that machine noise hits all of them alike (latency ratios are measured side by
-    side). ``done``: records of an
-    interrupted run in the same folder; their (method, prompt) pairs are skipped, and since
-    every prompt's seed comes from the run seed and its index, the resumed records equal an
-    uninterrupted run's (latencies aside). Returns {tag: (records, uint8 images)} in prompt
-    order, images read back from the PNGs for resumed samples."""
+                done: list[dict] | None = None, batch_size: int = 1):
+    """Every method on every prompt (``indices``: each scene's prompt index), in batches of
+    ``batch_size`` prompts, methods interleaved per batch so that machine noise hits all of them
+    alike (latency ratios are measured side by side). ``done``: records of an interrupted run in
+    the same folder; their (method, prompt) pairs are skipped, and since every prompt's seed
+    comes from the run seed and its index (and a batch equals its prompts run alone), the resumed
+    records equal an uninterrupted run's (latencies aside). Returns {tag: (records, uint8
+    images)} in prompt order, images read back from the PNGs for resumed samples."""
     have = {(r["method"], r["prompt_index"]): r for r in (done or [])}
-    todo = [(i, tag) for i in range(len(scenes)) for tag in methods if (tag, indices[i]) not in have]
-    if todo:
-        for tag, m in methods.items():  # warm-up, excluded
-            generate_one(world, m, sampling, scenes[0].caption, 0)
+    n_todo = sum((tag, indices[i]) not in have for i in range(len(scenes)) for tag in methods)
+    if n_todo:
+        for tag, m in methods.items():  # warm-up at the run's batch size, excluded
+            k = min(batch_size, len(scenes))
+            generate_batch(world, m, sampling, [sc.caption for sc in scenes[:k]], list(range(k)))
     fresh = {}
-    with tqdm(total=len(scenes) * len(methods), initial=len(scenes) * len(methods) - len(todo),
+    with tqdm(total=len(scenes) * len(methods), initial=len(scenes) * len(methods) - n_todo,
               desc="samples", unit="img") as bar:
-        for i, tag in todo:
-            idx = indices[i]
-            rec, img = generate_record(world, methods[tag], sampling, scenes[i], idx, prompt_seed(run_seed, idx), tag)
-            fresh[(tag, idx)] = (writer.append(rec, img, f"{tag}/{idx:05d}.png"), img)
-            bar.update()
+        for start in range(0, len(scenes), batch_size):
+            for tag in methods:
+                pos = [i for i in range(start, min(start + batch_size, len(scenes))) if (tag, indices[i]) not in have]
+                if not pos:
+                    continue
+                idxs = [indices[i] for i in pos]
+                out = generate_records(world, methods[tag], sampling, [scenes[i] for i in pos], idxs,
+                                       [prompt_seed(run_seed, idx) for idx in idxs], tag)
+                for idx, (rec, img) in zip(idxs, out):
+                    fresh[(tag, idx)] = (writer.append(rec, img, f"{tag}/{idx:05d}.png"), img)
+                bar.update(len(pos))
     out = {}
     for tag in methods:
         rows, imgs = [], []
@@ -134,7 +152,11 @@ def run_shard(world, runs: dict, sampling, prompts: list, cfg, out_dir: Path, id
     (outputs as ``run_methods``, the prompts they cover, shard). With ``shard.count`` > 1 the
     outputs cover this shard's prompts only; the summary comes from ``coolsd.merge``."""
     shard = Shard.from_cfg(cfg)  # validated before any work
-    identity = {**identity, **shard.identity()}
+    batch = int(cfg.get("batch_size", 1))
+    if batch < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch}")
+    # latencies depend on the batch size: a folder holds one batch size (tokens would not differ)
+    identity = {**identity, **shard.identity(), **({"batch_size": batch} if batch > 1 else {})}
     offset = int(cfg.dataset.offset)
     done = resume_records(out_dir, shard.records_name) if claim_run_dir(out_dir, identity) else []
     positions = shard.select(len(prompts))
@@ -142,7 +164,7 @@ def run_shard(world, runs: dict, sampling, prompts: list, cfg, out_dir: Path, id
         print(f"resuming {out_dir}: {len(done)} of {len(positions) * len(runs)} samples already there")
     mine = [prompts[i] for i in positions]
     outputs = run_methods(world, runs, sampling, mine, cfg.seed, RecordWriter(out_dir, shard.records_name),
-                          [offset + i for i in positions], done=done)
+                          [offset + i for i in positions], done=done, batch_size=batch)
     if shard.count > 1:
         print(f"shard {shard.index} of {shard.count} done ({len(mine)} prompts); when every shard is done: "
               f"python -m coolsd.merge {out_dir}")
@@ -161,6 +183,8 @@ def speed_summary(outputs: dict) -> dict:
             "latency_s": mean_ci(lat),
             "decode_s": mean_ci([x["decode_s"] for x in rows]),
             "target_forwards": mean_ci([x["target_forwards"] for x in rows]),
+            # throughput at the run's batch size: images per second of generation
+            "images_per_s": mean_ci([x.get("batch_size", 1) / x["latency_s"] for x in rows]),
         }
         if "ar" in outputs:
             e["speedup"] = ratio_ci([x["latency_s"] for x in outputs["ar"][0]], lat, paired=True)
@@ -218,7 +242,8 @@ def run_image_target(cfg, world, method_name: str, params: dict, tree: str, draf
     summary = {"job": "image_target", "target": target_name, "method": runs[method_name].describe(),
                "n_prompts": len(prompts), "sampling": dataclasses.asdict(sampling), "device": device,
                "gpu": torch.cuda.get_device_name() if device.startswith("cuda") and torch.cuda.is_available() else None,
-               "batch_size": 1, "speedup_reference": "ar on the same prompts, same machine, same run", "results": table}
+               "batch_size": int(cfg.get("batch_size", 1)),
+               "speedup_reference": "ar on the same prompts, same machine, same run (same batch size)", "results": table}
     write_json_atomic(summary, out_dir / "summary.json")
     save_png_atomic(make_grid([outputs[t][1][:8] for t in outputs], scale=1, labels=list(outputs)), out_dir / "grid.png")
     logger.log_summary(table)

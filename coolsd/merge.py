@@ -125,7 +125,7 @@ def summarize_records(folder: Path, ident: dict, records: list[dict], prompts: l
         table = summarize(world, outputs, [pool[p] for p in prompts])
     else:
         table = speed_summary(outputs)
-    return {"job": ident["job"], "method": ident["methods"], "n_prompts": len(prompts), "batch_size": 1,
+    return {"job": ident["job"], "method": ident["methods"], "n_prompts": len(prompts), "batch_size": ident.get("batch_size", 1),
             "speedup_reference": "ar on the same prompts, same run (merged shards)", "results": table}
 
 

@@ -84,7 +84,7 @@ def run_toy(cfg, method_name: str, params: dict, tree: str, draft_length, out_di
         return {"job": "toy", "shard": shard.index, "shards": shard.count, "n_prompts": len(scenes)}
     table = summarize(world, outputs, scenes)
     summary = {"job": "toy", "method": method.describe(), "n_prompts": len(scenes), "sampling": dataclasses.asdict(sampling),
-               "device": "cpu", "threads": torch.get_num_threads(), "batch_size": 1,
+               "device": "cpu", "threads": torch.get_num_threads(), "batch_size": int(cfg.get("batch_size", 1)),
                "speedup_reference": "ar on the same prompts, same machine, same run", "results": table}
     write_json_atomic(summary, out_dir / "summary.json")
     ref = render_batch(scenes[:8])
