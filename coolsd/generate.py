@@ -37,6 +37,23 @@ class GenerationResult:
         return sum(r) / len(r) if r else float("nan")
 
 
+class NonFiniteLogits(FloatingPointError):
+    """The target produced NaN or inf logits for ``sample`` while predicting image token
+    ``position`` (the sample cannot continue; a job records it as failed and goes on)."""
+
+    def __init__(self, sample: int, position: int):
+        super().__init__(f"non-finite (nan/inf) target logits for sample {sample} at image token position {position}")
+        self.sample, self.position = sample, position
+
+
+def _check_finite(logits: torch.Tensor, n_out: torch.Tensor, active: torch.Tensor) -> None:
+    """logits (B, m, V): every active sample's rows must be finite (one reduction, one sync)."""
+    bad = ~torch.isfinite(logits).all(-1).all(-1) & active.to(logits.device)
+    if bool(bad.any()):
+        b = int(bad.nonzero()[0, 0])
+        raise NonFiniteLogits(b, int(n_out[b]))
+
+
 def speculative_generate(
     target: ARModel,
     n_tokens: int,
@@ -74,6 +91,7 @@ def speculative_generate(
     if bos_token is None:
         if prefill is None:
             raise ValueError("a target without a condition needs bos_token")
+        _check_finite(prefill.logits[:, -1:], n_out, torch.ones(B, dtype=torch.bool))
         u0 = rng.uniform(1)[:, 0]
         root = sample_inverse_cdf(sampling.probs(prefill.logits[:, -1]), u0)
         out[:, 0] = root
@@ -103,6 +121,7 @@ def speculative_generate(
             tokens, q = root.unsqueeze(1), None
         positions = t_len.unsqueeze(1) + tree.depth.unsqueeze(0)
         step = target.forward(tokens, positions, tree.ancestors, None)
+        _check_finite(step.logits, n_out, active)
         forwards += active.long()
         p = sampling.probs(step.logits)
         if q is None:

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from coolsd.decoding.rng import PerSampleRNG
 from coolsd.drafting import SamplingConfig, build_drafter
-from coolsd.generate import speculative_generate
+from coolsd.generate import NonFiniteLogits, speculative_generate
 from coolsd.methods import build_method
 from coolsd.records import RecordWriter, claim_run_dir, resume_records, save_png_atomic, write_json_atomic
 from coolsd.shards import Shard
@@ -79,15 +79,30 @@ def generate_record(world, method, sampling, scene, idx: int, seed: int, tag: st
     return generate_records(world, method, sampling, [scene], [idx], [seed], tag)[0]
 
 
+def records_or_failures(world, method, sampling, scenes, idxs, seeds, tag):
+    """``generate_records``; if the target's logits turn non-finite, the batch is split and the
+    failing prompt gets an error record (no image) naming prompt and position."""
+    try:
+        return generate_records(world, method, sampling, scenes, idxs, seeds, tag)
+    except NonFiniteLogits as e:
+        if len(scenes) > 1:
+            return [r for k in range(len(scenes))
+                    for r in records_or_failures(world, method, sampling, scenes[k:k + 1], idxs[k:k + 1], seeds[k:k + 1], tag)]
+        print(f"prompt {idxs[0]} ({tag}): {e}; recorded as failed, the run goes on")
+        return [({"prompt_index": idxs[0], "caption": scenes[0].caption, "seed": seeds[0], "method": tag,
+                  "params": method.describe(), "error": f"non-finite target logits at image token {e.position}"}, None)]
+
+
 def run_methods(world, methods: dict, sampling, scenes, run_seed, writer: RecordWriter, indices: list[int],
-                done: list[dict] | None = None, batch_size: int = 1):
+                done: list[dict] | None = None, batch_size: int = 1, failures: dict | None = None):
     """Every method on every prompt (``indices``: each scene's prompt index), in batches of
     ``batch_size`` prompts, methods interleaved per batch so that machine noise hits all of them
     alike (latency ratios are measured side by side). ``done``: records of an interrupted run in
     the same folder; their (method, prompt) pairs are skipped, and since every prompt's seed
     comes from the run seed and its index (and a batch equals its prompts run alone), the resumed
     records equal an uninterrupted run's (latencies aside). Returns {tag: (records, uint8
-    images)} in prompt order, images read back from the PNGs for resumed samples."""
+    images)} in prompt order, images read back from the PNGs for resumed samples, over the
+    prompts where every method succeeded; ``failures`` (if given) gets {tag: failed prompt indices}."""
     have = {(r["method"], r["prompt_index"]): r for r in (done or [])}
     n_todo = sum((tag, indices[i]) not in have for i in range(len(scenes)) for tag in methods)
     if n_todo:
@@ -103,15 +118,23 @@ def run_methods(world, methods: dict, sampling, scenes, run_seed, writer: Record
                 if not pos:
                     continue
                 idxs = [indices[i] for i in pos]
-                out = generate_records(world, methods[tag], sampling, [scenes[i] for i in pos], idxs,
-                                       [prompt_seed(run_seed, idx) for idx in idxs], tag)
+                out = records_or_failures(world, methods[tag], sampling, [scenes[i] for i in pos], idxs,
+                                          [prompt_seed(run_seed, idx) for idx in idxs], tag)
                 for idx, (rec, img) in zip(idxs, out):
-                    fresh[(tag, idx)] = (writer.append(rec, img, f"{tag}/{idx:05d}.png"), img)
+                    rec = writer.append(rec, img, f"{tag}/{idx:05d}.png") if img is not None else writer.append(rec)
+                    fresh[(tag, idx)] = (rec, img)
                 bar.update(len(pos))
     out = {}
+    failed = {indices[i] for i in range(len(scenes)) for tag in methods
+              if "error" in (fresh.get((tag, indices[i]), (None,))[0] or have.get((tag, indices[i])) or {})}
+    if failures is not None:
+        failures.update({tag: sorted(idx for (t, idx), (r, _) in fresh.items() if t == tag and "error" in r) +
+                         sorted(idx for (t, idx), r in have.items() if t == tag and "error" in r) for tag in methods})
     for tag in methods:
         rows, imgs = [], []
         for i in range(len(scenes)):
+            if indices[i] in failed:  # summaries compare methods on the prompts where all succeeded
+                continue
             key = (tag, indices[i])
             if key in fresh:
                 rec, img = fresh[key]
@@ -149,8 +172,9 @@ def make_grid(rows: list[np.ndarray], scale: int = 3, labels: list[str] | None =
 
 def run_shard(world, runs: dict, sampling, prompts: list, cfg, out_dir: Path, identity: dict):
     """Claim the run folder, resume this shard's records and generate the rest. Returns
-    (outputs as ``run_methods``, the prompts they cover, shard). With ``shard.count`` > 1 the
-    outputs cover this shard's prompts only; the summary comes from ``coolsd.merge``."""
+    (outputs as ``run_methods``, the prompts they cover, shard, {tag: failed prompt indices}).
+    With ``shard.count`` > 1 the outputs cover this shard's prompts only; the summary comes from
+    ``coolsd.merge``."""
     shard = Shard.from_cfg(cfg)  # validated before any work
     batch = int(cfg.get("batch_size", 1))
     if batch < 1:
@@ -163,12 +187,15 @@ def run_shard(world, runs: dict, sampling, prompts: list, cfg, out_dir: Path, id
     if done:
         print(f"resuming {out_dir}: {len(done)} of {len(positions) * len(runs)} samples already there")
     mine = [prompts[i] for i in positions]
+    failures: dict = {}
     outputs = run_methods(world, runs, sampling, mine, cfg.seed, RecordWriter(out_dir, shard.records_name),
-                          [offset + i for i in positions], done=done, batch_size=batch)
+                          [offset + i for i in positions], done=done, batch_size=batch, failures=failures)
+    kept = {r["prompt_index"] for r in next(iter(outputs.values()))[0]} if outputs else set()
+    mine = [p for i, p in zip(positions, mine) if offset + i in kept]  # prompts every method completed
     if shard.count > 1:
         print(f"shard {shard.index} of {shard.count} done ({len(mine)} prompts); when every shard is done: "
               f"python -m coolsd.merge {out_dir}")
-    return outputs, mine, shard
+    return outputs, mine, shard, {t: v for t, v in failures.items() if v}
 
 
 def speed_summary(outputs: dict) -> dict:
@@ -234,7 +261,7 @@ def run_image_target(cfg, world, method_name: str, params: dict, tree: str, draf
                 "files": world.manifest}
     logger = make_logger(cfg.get("logger"), OmegaConf.to_container(cfg, resolve=True),
                          name=f"{target_name}/{method_name}/{out_dir.name}")
-    outputs, prompts, shard = run_shard(world, runs, sampling, prompts, cfg, out_dir, identity)
+    outputs, prompts, shard, failures = run_shard(world, runs, sampling, prompts, cfg, out_dir, identity)
     if shard.count > 1:
         logger.finish()
         return {"job": "image_target", "shard": shard.index, "shards": shard.count, "n_prompts": len(prompts)}
@@ -243,7 +270,8 @@ def run_image_target(cfg, world, method_name: str, params: dict, tree: str, draf
                "n_prompts": len(prompts), "sampling": dataclasses.asdict(sampling), "device": device,
                "gpu": torch.cuda.get_device_name() if device.startswith("cuda") and torch.cuda.is_available() else None,
                "batch_size": int(cfg.get("batch_size", 1)),
-               "speedup_reference": "ar on the same prompts, same machine, same run (same batch size)", "results": table}
+               "speedup_reference": "ar on the same prompts, same machine, same run (same batch size)",
+               "failures": failures, "results": table}
     write_json_atomic(summary, out_dir / "summary.json")
     save_png_atomic(make_grid([outputs[t][1][:8] for t in outputs], scale=1, labels=list(outputs)), out_dir / "grid.png")
     logger.log_summary(table)

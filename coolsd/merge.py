@@ -94,8 +94,11 @@ def merge(folder, sources=(), partial: bool = False) -> dict:
     tmp = folder / "samples.jsonl.partial"
     tmp.write_text("".join(json.dumps(r, default=float) + "\n" for r in records))
     tmp.replace(folder / "samples.jsonl")
-    summary = summarize_records(folder, ident, records, complete)
-    summary.update(merged_shards=count, prompts_complete=len(complete), prompts_missing=missing)
+    failed = {t: [p for p in complete if "error" in by_key[(t, p)][0]] for t in methods}
+    ok = [p for p in complete if not any(p in v for v in failed.values())]  # compared where all succeeded
+    summary = summarize_records(folder, ident, [r for r in records if r["prompt_index"] in set(ok)], ok)
+    summary.update(merged_shards=count, prompts_complete=len(complete), prompts_missing=missing,
+                   failures={t: v for t, v in failed.items() if v})
     write_json_atomic(summary, folder / "summary.json")
     return summary
 

@@ -6,6 +6,7 @@ mid-write) and ignore it.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -45,14 +46,22 @@ class RecordWriter:
         self.path = self.dir / name
 
     def append(self, record: dict, image: np.ndarray | None = None, image_name: str | None = None) -> dict:
-        if image is not None:
-            rel = Path("images") / image_name
-            save_png_atomic(image, self.dir / rel)
-            record = {**record, "image": str(rel)}
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record, default=float) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        """Write the PNG (atomically), then append the record's line: a record never points to a
+        missing image. A full disk is an error saying so (the run resumes once there is space)."""
+        try:
+            if image is not None:
+                rel = Path("images") / image_name
+                save_png_atomic(image, self.dir / rel)
+                record = {**record, "image": str(rel)}
+            with open(self.path, "a") as f:
+                f.write(json.dumps(record, default=float) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise OSError(e.errno, f"out of disk space writing to {self.dir} ({e.strerror}); free space or "
+                                       "move the run folder, then run the same command again: it resumes") from e
+            raise
         return record
 
 

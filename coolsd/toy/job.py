@@ -78,14 +78,15 @@ def run_toy(cfg, method_name: str, params: dict, tree: str, draft_length, out_di
 
     logger = make_logger(cfg.get("logger"), OmegaConf.to_container(cfg, resolve=True),
                          name=f"toy/{method_name}/{out_dir.name}")  # before work: a missing extra fails here
-    outputs, scenes, shard = run_shard(world, runs, sampling, scenes, cfg, out_dir, identity)
+    outputs, scenes, shard, failures = run_shard(world, runs, sampling, scenes, cfg, out_dir, identity)
     if shard.count > 1:
         logger.finish()
         return {"job": "toy", "shard": shard.index, "shards": shard.count, "n_prompts": len(scenes)}
     table = summarize(world, outputs, scenes)
     summary = {"job": "toy", "method": method.describe(), "n_prompts": len(scenes), "sampling": dataclasses.asdict(sampling),
                "device": "cpu", "threads": torch.get_num_threads(), "batch_size": int(cfg.get("batch_size", 1)),
-               "speedup_reference": "ar on the same prompts, same machine, same run", "results": table}
+               "speedup_reference": "ar on the same prompts, same machine, same run", "failures": failures,
+               "results": table}
     write_json_atomic(summary, out_dir / "summary.json")
     ref = render_batch(scenes[:8])
     grid = make_grid([outputs[t][1][:8] for t in outputs] + [ref], labels=list(outputs) + ["reference"])
