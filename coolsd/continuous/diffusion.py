@@ -1,0 +1,99 @@
+"""The diffusion head's per-step Gaussians with trajectory alignment (continuous_sd.md 2.1-2.3):
+a respaced cosine schedule, the posterior Gaussian of one step from an (epsilon, v) head output
+(epsilon prediction, learned-range variance with a fixed-variance switch, CFG on epsilon, the
+conditional branch's variance), and the aligned sampler returning what verification needs.
+
+Invariants: draft and target use the SAME initial noise and the SAME per-step noise at a given
+position (``noise``, ``eps``), so every intermediate log density reduces to the variance term
+``S = sum_{k>=1} sum_d 1/2 log var_k`` (continuous_sd.md 2.3); k = 0 is the final step, whose
+Gaussian (mu_0, log std_0) is returned, and whose noise is only added with ``final_noise``
+(the exact mode; MAR outputs mu_0). All arithmetic in the input dtype (fp32 / fp64).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+
+def cosine_alphas_bar(T: int = 1000, s: float = 0.008) -> torch.Tensor:
+    """alpha_bar_t, t = 0..T-1, of the cosine schedule (improved DDPM / MAR's ``cosine``), betas
+    clipped at 0.999 as upstream."""
+    f = lambda t: math.cos((t / T + s) / (1 + s) * math.pi / 2) ** 2  # noqa: E731
+    betas = torch.tensor([min(1 - f(t + 1) / f(t), 0.999) for t in range(T)], dtype=torch.float64)
+    return torch.cumprod(1 - betas, 0)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A respaced schedule of K steps (index k = 0 .. K-1, k = 0 final), continuous_sd.md 2.1."""
+
+    alphas_bar: torch.Tensor  # (K,) float64
+
+    @classmethod
+    def respaced(cls, K: int, T: int = 1000) -> "Schedule":
+        ab = cosine_alphas_bar(T)
+        keep = torch.linspace(0, T - 1, K).round().long()  # evenly spaced original timesteps
+        return cls(ab[keep])
+
+    @property
+    def K(self) -> int:
+        return len(self.alphas_bar)
+
+    def coefficients(self, k: int) -> dict:
+        ab = float(self.alphas_bar[k])
+        ab_prev = float(self.alphas_bar[k - 1]) if k > 0 else 1.0
+        beta = 1 - ab / ab_prev
+        beta_tilde = beta * (1 - ab_prev) / (1 - ab)
+        if k == 0:  # beta_tilde_0 = 0: MAR clips the log variance at step 1's value
+            b1 = 1 - float(self.alphas_bar[1]) / float(self.alphas_bar[0])
+            lmin = math.log(b1 * (1 - float(self.alphas_bar[0])) / (1 - float(self.alphas_bar[1])))
+        else:
+            lmin = math.log(beta_tilde)
+        return {"ab": ab, "ab_prev": ab_prev, "beta": beta, "lmin": lmin, "lmax": math.log(beta),
+                "c1": beta * math.sqrt(ab_prev) / (1 - ab), "c2": (1 - ab_prev) * math.sqrt(1 - beta) / (1 - ab)}
+
+
+# head(x (N, C), k, z) -> (eps (N, C), v (N, C) in about [-1, 1]); z: condition (N, D)
+Head = Callable[[torch.Tensor, int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def step_gaussian(head: Head, x, k: int, sched: Schedule, z_c, z_u=None, cfg: float = 1.0, fixed_v=None):
+    """(mu, log_var) of step k from state x (continuous_sd.md 2.2): guided epsilon
+    eps_u + w (eps_c - eps_u) (only the conditional branch at w = 1), x0_hat without clipping, the
+    posterior mean, log var = f lmax + (1 - f) lmin with f = (clamp(v_c, -1, 1) + 1) / 2 from the
+    conditional branch; ``fixed_v`` replaces v (the fixed-variance switch)."""
+    c = sched.coefficients(k)
+    eps_c, v_c = head(x, k, z_c)
+    eps = eps_c if cfg == 1.0 or z_u is None else (lambda e_u: e_u + cfg * (eps_c - e_u))(head(x, k, z_u)[0])
+    x0_hat = (x - math.sqrt(1 - c["ab"]) * eps) / math.sqrt(c["ab"])
+    mu = c["c1"] * x0_hat + c["c2"] * x
+    v = torch.full_like(v_c, float(fixed_v)) if fixed_v is not None else v_c.clamp(-1, 1)
+    f = (v + 1) / 2
+    return mu, f * c["lmax"] + (1 - f) * c["lmin"]
+
+
+@dataclass
+class HeadSample:
+    x0: torch.Tensor  # (N, C) the token
+    mu0: torch.Tensor  # (N, C) final-step mean
+    log_std0: torch.Tensor  # (N, C) final-step log std (temperature included)
+    s: torch.Tensor  # (N,) sum over steps k >= 1 and dims of 1/2 log var_k (no temperature)
+
+
+def aligned_sample(head: Head, z_c, noise, eps, sched: Schedule, *, z_u=None, cfg: float = 1.0, tau: float = 1.0,
+                   final_noise: bool = False, fixed_v=None) -> HeadSample:
+    """Run the chain k = K-1 .. 0 from x^(K) = ``noise`` (N, C) with per-step noise ``eps``
+    (K, N, C): x^(k) = mu_k + tau sigma_k eps_k for k >= 1; x0 = mu_0 (+ tau sigma_0 eps_0 with
+    ``final_noise``). Two heads given the same noise and eps are trajectory-aligned."""
+    x, s = noise, torch.zeros(noise.shape[0], dtype=noise.dtype)
+    for k in range(sched.K - 1, 0, -1):
+        mu, log_var = step_gaussian(head, x, k, sched, z_c, z_u, cfg, fixed_v)
+        s = s + 0.5 * log_var.sum(-1)
+        x = mu + tau * torch.exp(0.5 * log_var) * eps[k]
+    mu0, log_var0 = step_gaussian(head, x, 0, sched, z_c, z_u, cfg, fixed_v)
+    log_std0 = 0.5 * log_var0 + math.log(tau)
+    x0 = mu0 + torch.exp(log_std0) * eps[0] if final_noise else mu0
+    return HeadSample(x0, mu0, log_std0, s)
