@@ -76,12 +76,16 @@ def _head(scale, v_value=None):
     return head
 
 
+def _chain_inputs(K, n, C):
+    """(schedule, condition, initial noise, per-step noise): the shared randomness of alignment."""
+    sched = Schedule.respaced(K)
+    return (sched, torch.randn(n, C, generator=G(0), dtype=torch.float64),
+            torch.randn(n, C, generator=G(1), dtype=torch.float64),
+            torch.randn(sched.K, n, C, generator=G(2), dtype=torch.float64))
+
+
 def test_identical_models_accept_everything_bit_identically():
-    sched = Schedule.respaced(20)
-    n, C = 64, 8
-    z = torch.randn(n, C, generator=G(0), dtype=torch.float64)
-    noise = torch.randn(n, C, generator=G(1), dtype=torch.float64)
-    eps = torch.randn(sched.K, n, C, generator=G(2), dtype=torch.float64)
+    sched, z, noise, eps = _chain_inputs(20, 64, 8)
     q = aligned_sample(_head(0.7), z, noise, eps, sched, tau=1.0)
     p = aligned_sample(_head(0.7), z, noise, eps, sched, tau=1.0)
     v = verify_paper(q.x0, p.mu0, p.log_std0, q.mu0, q.log_std0, p.s, q.s, G(3))
@@ -89,11 +93,8 @@ def test_identical_models_accept_everything_bit_identically():
 
 
 def test_variance_term_is_one_under_fixed_variance_and_has_the_derived_sign():
-    sched = Schedule.respaced(10)
     n, C = 16, 4
-    z = torch.randn(n, C, generator=G(0), dtype=torch.float64)
-    noise = torch.randn(n, C, generator=G(1), dtype=torch.float64)
-    eps = torch.randn(sched.K, n, C, generator=G(2), dtype=torch.float64)
+    sched, z, noise, eps = _chain_inputs(10, n, C)
     a = aligned_sample(_head(0.5), z, noise, eps, sched, fixed_v=0.3)
     b = aligned_sample(_head(1.5), z, noise, eps, sched, fixed_v=0.3)
     assert torch.equal(a.s - b.s, torch.zeros(n, dtype=torch.float64))  # log Sigma = 0 exactly
