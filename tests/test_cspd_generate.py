@@ -7,12 +7,13 @@ import pytest
 import torch
 from scipy import stats
 
-from coolsd.continuous.diffusion import Schedule
+from coolsd.continuous.diffusion import Schedule, cosine_alphas_bar
 from coolsd.continuous.generate import ar_generate, cspd_generate
 from coolsd.continuous.model import ContinuousAR, ContinuousConfig
 
 CFG = ContinuousConfig(token_dim=4, seq_len=8, dim=32, n_layer=1, n_head=2, n_classes=3, head_width=32, head_blocks=1)
 SCHED = Schedule.respaced(8)
+AB = cosine_alphas_bar()  # alpha_bar of the original timesteps the head is called with
 
 
 def model(seed, **kw):
@@ -42,8 +43,8 @@ class GaussianHead(torch.nn.Module):
         super().__init__()
         self.shift, self.S = shift, S
 
-    def forward(self, x, k, z):
-        ab = float(SCHED.alphas_bar[k])
+    def forward(self, x, t, z):
+        ab = float(AB[t])
         m = torch.tanh(z[:, : x.shape[1]]) + self.shift
         eps = (1 - ab) ** 0.5 * (x - ab ** 0.5 * m) / (ab * self.S ** 2 + 1 - ab)
         return eps, torch.zeros_like(x)

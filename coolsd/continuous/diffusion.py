@@ -31,12 +31,13 @@ class Schedule:
     """A respaced schedule of K steps (index k = 0 .. K-1, k = 0 final), continuous_sd.md 2.1."""
 
     alphas_bar: torch.Tensor  # (K,) float64
+    timesteps: torch.Tensor  # (K,) long: the original (training) timestep of each respaced step
 
     @classmethod
     def respaced(cls, K: int, T: int = 1000) -> "Schedule":
         ab = cosine_alphas_bar(T)
         keep = torch.linspace(0, T - 1, K).round().long()  # evenly spaced original timesteps
-        return cls(ab[keep])
+        return cls(ab[keep], keep)
 
     @property
     def K(self) -> int:
@@ -56,7 +57,8 @@ class Schedule:
                 "c1": beta * math.sqrt(ab_prev) / (1 - ab), "c2": (1 - ab_prev) * math.sqrt(1 - beta) / (1 - ab)}
 
 
-# head(x (N, C), k, z) -> (eps (N, C), v (N, C) in about [-1, 1]); z: condition (N, D)
+# head(x (N, C), t, z) -> (eps (N, C), v (N, C) in about [-1, 1]); t: the ORIGINAL training
+# timestep of the step (MAR maps respaced steps back to it), z: condition (N, D)
 Head = Callable[[torch.Tensor, int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -66,8 +68,9 @@ def step_gaussian(head: Head, x, k: int, sched: Schedule, z_c, z_u=None, cfg: fl
     posterior mean, log var = f lmax + (1 - f) lmin with f = (clamp(v_c, -1, 1) + 1) / 2 from the
     conditional branch; ``fixed_v`` replaces v (the fixed-variance switch)."""
     c = sched.coefficients(k)
-    eps_c, v_c = head(x, k, z_c)
-    eps = eps_c if cfg == 1.0 or z_u is None else (lambda e_u: e_u + cfg * (eps_c - e_u))(head(x, k, z_u)[0])
+    t = int(sched.timesteps[k])
+    eps_c, v_c = head(x, t, z_c)
+    eps = eps_c if cfg == 1.0 or z_u is None else (lambda e_u: e_u + cfg * (eps_c - e_u))(head(x, t, z_u)[0])
     x0_hat = (x - math.sqrt(1 - c["ab"]) * eps) / math.sqrt(c["ab"])
     mu = c["c1"] * x0_hat + c["c2"] * x
     v = torch.full_like(v_c, float(fixed_v)) if fixed_v is not None else v_c.clamp(-1, 1)

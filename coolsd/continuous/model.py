@@ -31,12 +31,12 @@ class ContinuousConfig:
     head_blocks: int = 2
 
 
-def step_embedding(k: int, n: int, dim: int, dtype) -> torch.Tensor:
-    """(n, dim) sinusoidal embedding of diffusion step k (MAR's TimestepEmbedder input)."""
+def step_embedding(t, n: int, dim: int, dtype) -> torch.Tensor:
+    """(n, dim) sinusoidal embedding of timestep t, an int or (n,) (MAR's TimestepEmbedder input)."""
     half = dim // 2
     freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float64) / half)
-    ang = float(k) * freqs
-    return torch.cat([torch.cos(ang), torch.sin(ang)]).to(dtype).expand(n, dim)
+    ang = torch.as_tensor(t, dtype=torch.float64).reshape(-1, 1) * freqs
+    return torch.cat([torch.cos(ang), torch.sin(ang)], -1).to(dtype).expand(n, dim)
 
 
 class AdaLNBlock(nn.Module):
@@ -64,9 +64,10 @@ class AdaLNHead(nn.Module):
         self.final_ada = nn.Sequential(nn.SiLU(), nn.Linear(w, 2 * w))
         self.out = nn.Linear(w, 2 * C)
 
-    def forward(self, x: torch.Tensor, k: int, z: torch.Tensor):
-        """x (N, C), step k, condition z (N, dim) -> (epsilon (N, C), v (N, C))."""
-        c = self.time_embed(step_embedding(k, x.shape[0], self.width, x.dtype)) + self.cond_embed(z)
+    def forward(self, x: torch.Tensor, t, z: torch.Tensor):
+        """x (N, C), original timestep t (an int, or (N,) for training), condition z (N, dim) ->
+        (epsilon (N, C), v (N, C))."""
+        c = self.time_embed(step_embedding(t, x.shape[0], self.width, x.dtype)) + self.cond_embed(z)
         h = self.input_proj(x)
         for b in self.blocks:
             h = b(h, c)
