@@ -11,7 +11,7 @@ Every weight file, model folder and image is checked before any work starts.
 from __future__ import annotations
 
 import argparse
-import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -49,15 +49,23 @@ def evaluate_run(run_dir, *, clip=None, image_reward=None, inception=None, refer
         paths = [run_dir / r["image"] for r in recs]
         captions = [r["caption"] for r in recs]
         res, samples = {"n": len(recs)}, {"prompt_index": [r["prompt_index"] for r in recs]}
+        scores, feats = [], []
+        if clip is not None or inception is not None:  # each PNG decoded once, 64 at a time
+            for s in range(0, len(paths), 64):
+                imgs = [load_rgb(p) for p in paths[s:s + 64]]
+                if clip is not None:
+                    scores.append(clip.score(imgs, captions[s:s + 64]))
+                if inception is not None:
+                    feats.append(inception(imgs))
         if clip is not None:
-            s = clip.score([load_rgb(p) for p in paths], captions)
-            res["clip_score"], samples["clip_score"] = mean_ci(s), s.tolist()
+            sc = np.concatenate(scores)
+            res["clip_score"], samples["clip_score"] = mean_ci(sc), sc.tolist()
         if image_reward is not None:
-            s = image_reward.score(paths, captions)
-            res["image_reward"], samples["image_reward"] = mean_ci(s), s.tolist()
+            sc = image_reward.score(paths, captions)
+            res["image_reward"], samples["image_reward"] = mean_ci(sc), sc.tolist()
         if inception is not None:
             mu_r, sig_r, n_ref = reference
-            feats = np.concatenate([inception([load_rgb(p) for p in paths[s:s + 64]]) for s in range(0, len(paths), 64)])
+            feats = np.concatenate(feats)
             if len(feats) >= 2:
                 res["fid"] = {**bootstrap_fid_ci(feats, mu_r, sig_r, n_resamples=fid_resamples), "n_ref": n_ref}
         out["per_method"][tag] = res
@@ -65,9 +73,29 @@ def evaluate_run(run_dir, *, clip=None, image_reward=None, inception=None, refer
     return out
 
 
-def _weights_id(path) -> str:
-    st = Path(path).stat()
-    return hashlib.sha256(f"{Path(path).name}|{st.st_size}".encode()).hexdigest()[:12]
+def build_scorers(metrics, *, clip=None, inception=None, coco_images=None, ir_checkpoint=None, ir_med_config=None,
+                  ir_python=None, device="cpu", cache_dir=Path("outputs/cache"), fid_resamples: int = 100) -> dict:
+    """The keyword arguments of ``evaluate_run`` for the named metrics, every network loaded (and
+    the FID reference statistics computed or read from the cache) once."""
+    kw = {"fid_resamples": fid_resamples}
+    if "clip_score" in metrics:
+        from coolsd.metrics.clip_score import ClipScorer
+
+        kw["clip"] = ClipScorer.from_pretrained(clip, device=device)
+    if "image_reward" in metrics:
+        from coolsd.metrics.image_reward import ImageRewardScorer
+
+        kw["image_reward"] = ImageRewardScorer(ir_checkpoint, ir_med_config, ir_python, device=device)
+    if "fid" in metrics:
+        from coolsd.metrics.inception import InceptionFeatureExtractor, default_inception_path
+        from coolsd.metrics.reference import coco_image_files, reference_statistics
+        from coolsd.targets.files import file_identity
+
+        files = coco_image_files(coco_images)
+        kw["inception"] = InceptionFeatureExtractor.from_file(inception, device=device)
+        weights = json.dumps(file_identity(inception or default_inception_path()), sort_keys=True)
+        kw["reference"] = reference_statistics(files, kw["inception"], cache_dir, weights)
+    return kw
 
 
 def main(argv=None) -> dict:
@@ -92,23 +120,9 @@ def main(argv=None) -> dict:
     if unknown:
         raise SystemExit(f"unknown metric(s) {unknown}; valid: {', '.join(METRICS)}")
     run_images(a.run)  # the run folder and its images, before loading anything
-    kw = {"fid_resamples": a.fid_resamples}
-    if "clip_score" in wanted:
-        from coolsd.metrics.clip_score import ClipScorer
-
-        kw["clip"] = ClipScorer.from_pretrained(a.clip, device=a.device)
-    if "image_reward" in wanted:
-        from coolsd.metrics.image_reward import ImageRewardScorer
-
-        kw["image_reward"] = ImageRewardScorer(a.ir_checkpoint, a.ir_med_config, a.ir_python, device=a.device)
-    if "fid" in wanted:
-        from coolsd.metrics.inception import InceptionFeatureExtractor, default_inception_path
-        from coolsd.metrics.reference import coco_image_files, reference_statistics
-
-        files = coco_image_files(a.coco_images)
-        kw["inception"] = InceptionFeatureExtractor.from_file(a.inception, device=a.device)
-        weights = a.inception or default_inception_path()
-        kw["reference"] = reference_statistics(files, kw["inception"], a.cache_dir, _weights_id(weights))
+    kw = build_scorers(wanted, clip=a.clip, inception=a.inception, coco_images=a.coco_images, ir_checkpoint=a.ir_checkpoint,
+                       ir_med_config=a.ir_med_config, ir_python=a.ir_python, device=a.device, cache_dir=a.cache_dir,
+                       fid_resamples=a.fid_resamples)
     result = evaluate_run(a.run, **kw)
     result["protocol"] = {"metrics": wanted, "clip": a.clip, "inception": str(a.inception or "torch hub cache"),
                           "coco_images": a.coco_images, "image_reward": a.ir_checkpoint}

@@ -125,11 +125,11 @@ def run_methods(world, methods: dict, sampling, scenes, run_seed, writer: Record
                     fresh[(tag, idx)] = (rec, img)
                 bar.update(len(pos))
     out = {}
-    failed = {indices[i] for i in range(len(scenes)) for tag in methods
-              if "error" in (fresh.get((tag, indices[i]), (None,))[0] or have.get((tag, indices[i])) or {})}
+    records = {**have, **{k: rec for k, (rec, _) in fresh.items()}}
+    errors = {tag: sorted(idx for (t, idx), r in records.items() if t == tag and "error" in r) for tag in methods}
+    failed = {idx for v in errors.values() for idx in v}
     if failures is not None:
-        failures.update({tag: sorted(idx for (t, idx), (r, _) in fresh.items() if t == tag and "error" in r) +
-                         sorted(idx for (t, idx), r in have.items() if t == tag and "error" in r) for tag in methods})
+        failures.update(errors)
     for tag in methods:
         rows, imgs = [], []
         for i in range(len(scenes)):

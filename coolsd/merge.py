@@ -18,7 +18,7 @@ import json
 import shutil
 from pathlib import Path
 
-from coolsd.records import _flatten, read_records, write_json_atomic
+from coolsd.records import identity_diff, read_records, write_json_atomic
 from coolsd.shards import SHARD_FILE
 
 TIMING_KEYS = ("latency_s", "decode_s")  # differ between processes; everything else must not
@@ -61,8 +61,7 @@ def merge(folder, sources=(), partial: bool = False) -> dict:
     for src in map(Path, sources):
         other = _identity(src)
         if other != ident:
-            a, b = _flatten(ident), _flatten(other)
-            diff = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+            diff = identity_diff(ident, other)
             raise ValueError(f"{src} holds a run of another configuration than {folder} (differs in "
                              f"{', '.join(diff[:8])}); only shards of one run can be merged")
     count = int(ident.get("shards", 1))
@@ -110,14 +109,15 @@ def summarize_records(folder: Path, ident: dict, records: list[dict], prompts: l
 
     from coolsd.job import speed_summary
 
+    if not prompts:
+        return {"job": ident["job"], "results": {}}
+    toy = ident["job"] == "toy"  # only the toy metrics read the images back
     outputs = {}
     for tag in ident["methods"]:
         rows = [r for r in records if r["method"] == tag]
-        imgs = np.stack([np.asarray(Image.open(folder / r["image"]).convert("RGB")) for r in rows]) if rows else None
+        imgs = np.stack([np.asarray(Image.open(folder / r["image"]).convert("RGB")) for r in rows]) if toy else None
         outputs[tag] = (rows, imgs)
-    if not prompts:
-        return {"job": ident["job"], "results": {}}
-    if ident["job"] == "toy":
+    if toy:
         from coolsd.toy.assets import load_toy_world
         from coolsd.toy.job import summarize, toy_prompts
 

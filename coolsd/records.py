@@ -124,6 +124,12 @@ def _flatten(d, prefix=""):
     return out
 
 
+def identity_diff(a: dict, b: dict) -> list[str]:
+    """The flattened keys whose values differ between two run identities, sorted."""
+    fa, fb = _flatten(a), _flatten(b)
+    return sorted(k for k in fa.keys() | fb.keys() if fa.get(k, "<absent>") != fb.get(k, "<absent>"))
+
+
 def claim_run_dir(run_dir: Path, identity: dict, name: str = "run.json") -> bool:
     """Bind a run folder to the configuration that fills it. A new folder gets ``run.json``;
     a folder that has one must hold the same identity (then the run resumes: returns True),
@@ -134,7 +140,7 @@ def claim_run_dir(run_dir: Path, identity: dict, name: str = "run.json") -> bool
         old = json.loads(path.read_text())
         if old != ident:
             a, b = _flatten(old), _flatten(ident)
-            diff = sorted(k for k in a.keys() | b.keys() if a.get(k, "<absent>") != b.get(k, "<absent>"))
+            diff = identity_diff(old, ident)
             shown = ", ".join(f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}" for k in diff[:8])
             raise ValueError(
                 f"{run_dir} holds a run of another configuration ({shown}); "

@@ -21,6 +21,14 @@ def safe_dirname(overrides: str, limit: int = 100) -> str:
 OmegaConf.register_new_resolver("coolsd_dirname", safe_dirname, replace=True)
 
 
+def compose(*overrides) -> DictConfig:
+    """The job config ``run.py`` would get for these overrides (conf/ composed by Hydra)."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
+        return hydra_compose("config", overrides=list(overrides))
+
+
 def method_from_cfg(cfg: DictConfig) -> tuple[str, dict]:
     m = OmegaConf.to_container(cfg.method, resolve=True)
     name = m.pop("name")

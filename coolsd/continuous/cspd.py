@@ -91,10 +91,7 @@ def verify_exact(x0, mu_p, log_std_p, mu_q, log_std_q, gen: torch.Generator, max
     log r = l_p0(x0) - l_q0(x0) (no variance term); the residual max(0, p0 - q0) by rejection.
     Given the shared noise of the earlier steps, the output is distributed as N(mu_p, s_p^2)."""
     zero = torch.zeros(x0.shape[0], dtype=x0.dtype)
-    log_r = log_normal(x0, mu_p, log_std_p) - log_normal(x0, mu_q, log_std_q)
-    log_u = torch.log(torch.rand(x0.shape[0], generator=gen, dtype=x0.dtype))
-    accepted = log_u < torch.clamp(log_r, max=0.0)
-    return _finish(x0, accepted, mu_p, log_std_p, mu_q, log_std_q, zero, gen, max_rounds)
+    return verify_paper(x0, mu_p, log_std_p, mu_q, log_std_q, zero, zero, gen, max_rounds)  # log Sigma = 0
 
 
 def verify_reflection(xi0, mu_p, mu_q, s, gen: torch.Generator) -> Verdict:

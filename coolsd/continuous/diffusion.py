@@ -70,7 +70,10 @@ def step_gaussian(head: Head, x, k: int, sched: Schedule, z_c, z_u=None, cfg: fl
     c = sched.coefficients(k)
     t = int(sched.timesteps[k])
     eps_c, v_c = head(x, t, z_c)
-    eps = eps_c if cfg == 1.0 or z_u is None else (lambda e_u: e_u + cfg * (eps_c - e_u))(head(x, t, z_u)[0])
+    eps = eps_c
+    if cfg != 1.0 and z_u is not None:
+        eps_u = head(x, t, z_u)[0]
+        eps = eps_u + cfg * (eps_c - eps_u)
     x0_hat = (x - math.sqrt(1 - c["ab"]) * eps) / math.sqrt(c["ab"])
     mu = c["c1"] * x0_hat + c["c2"] * x
     v = torch.full_like(v_c, float(fixed_v)) if fixed_v is not None else v_c.clamp(-1, 1)

@@ -104,7 +104,7 @@ def read_captions(path) -> list[str]:
 def main(argv=None) -> Path:
     from omegaconf import OmegaConf
 
-    from coolsd.report.real_sweep import compose
+    from coolsd.runner import compose
 
     argv = list(sys.argv[1:] if argv is None else argv)
     opts = dict(DEFAULTS)

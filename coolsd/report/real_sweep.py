@@ -17,17 +17,11 @@ from omegaconf import OmegaConf
 
 from coolsd.evaluate import evaluate_run
 from coolsd.records import read_records
+from coolsd.runner import compose
 from coolsd.report.paper import table2_rows, tag_of
 from coolsd.stats import ratio_ci
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def compose(*overrides):
-    from hydra import compose as hydra_compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return hydra_compose("config", overrides=list(overrides))
 
 
 def row_configs(target: str, prompts: int, records: Path, overrides=()) -> list[tuple[str, object]]:

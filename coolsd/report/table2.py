@@ -63,22 +63,12 @@ def metric_inputs(a) -> dict:
 
 def real_scorers(a) -> dict:
     """The metric networks of ``coolsd.evaluate``, built once for every run of the sweep."""
-    from coolsd.evaluate import _weights_id
-    from coolsd.metrics.clip_score import ClipScorer
-    from coolsd.metrics.inception import InceptionFeatureExtractor, default_inception_path
-    from coolsd.metrics.reference import coco_image_files, reference_statistics
+    from coolsd.evaluate import build_scorers
 
-    inception = InceptionFeatureExtractor.from_file(a.inception, device=a.metrics_device)
-    files = coco_image_files(a.coco_images)
-    kw = {"clip": ClipScorer.from_pretrained(a.clip, device=a.metrics_device), "inception": inception,
-          "reference": reference_statistics(files, inception, ROOT / "outputs" / "cache",
-                                            _weights_id(a.inception or default_inception_path())),
-          "fid_resamples": a.fid_resamples}
-    if a.ir_checkpoint:
-        from coolsd.metrics.image_reward import ImageRewardScorer
-
-        kw["image_reward"] = ImageRewardScorer(a.ir_checkpoint, a.ir_med_config, a.ir_python, device=a.metrics_device)
-    return kw
+    return build_scorers(["clip_score", "fid"] + (["image_reward"] if a.ir_checkpoint else []), clip=a.clip,
+                         inception=a.inception, coco_images=a.coco_images, ir_checkpoint=a.ir_checkpoint,
+                         ir_med_config=a.ir_med_config, ir_python=a.ir_python, device=a.metrics_device,
+                         cache_dir=ROOT / "outputs" / "cache", fid_resamples=a.fid_resamples)
 
 
 def build_table(target: str, table: dict) -> pd.DataFrame:
