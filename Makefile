@@ -7,7 +7,7 @@ VPY     := $(VENV)/bin/python
 TORCH   ?= torch==2.13.0
 STAMP   := $(VENV)/.installed
 
-.PHONY: install run test theory toy-assets demo paper-table2 clean
+.PHONY: install run test theory toy-assets toy-continuous-assets demo continuous-bench paper-table2 clean
 
 $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -30,6 +30,14 @@ theory: $(STAMP)
 # Retrain every shipped toy-world weight file (deterministic; about 50 min on 2 cores)
 toy-assets: $(STAMP)
 	$(VPY) -m coolsd.toy.assets
+
+# Retrain the toy continuous world (PCA patch codec, MAR target and draft; about 15 min on 2 cores)
+toy-continuous-assets: $(STAMP)
+	$(VPY) -m coolsd.continuous.toy
+
+# CSpD on the toy continuous world: gamma x batch x mode, speed-up and toy_fid in results/toy_continuous/
+continuous-bench: $(STAMP)
+	$(VPY) benchmarks/continuous_sweep.py
 
 # The toy sweep: every method on the same prompts; table + Pareto plot in results/toy/
 demo: $(STAMP)

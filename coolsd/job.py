@@ -81,7 +81,10 @@ def generate_record(world, method, sampling, scene, idx: int, seed: int, tag: st
 
 def records_or_failures(world, method, sampling, scenes, idxs, seeds, tag):
     """``generate_records``; if the target's logits turn non-finite, the batch is split and the
-    failing prompt gets an error record (no image) naming prompt and position."""
+    failing prompt gets an error record (no image) naming prompt and position. A world with
+    its own generation (``records``: the continuous targets) generates the batch itself."""
+    if hasattr(world, "records"):
+        return world.records(method, sampling, scenes, idxs, seeds, tag)
     try:
         return generate_records(world, method, sampling, scenes, idxs, seeds, tag)
     except NonFiniteLogits as e:
@@ -108,7 +111,10 @@ def run_methods(world, methods: dict, sampling, scenes, run_seed, writer: Record
     if n_todo:
         for tag, m in methods.items():  # warm-up at the run's batch size, excluded
             k = min(batch_size, len(scenes))
-            generate_batch(world, m, sampling, [sc.caption for sc in scenes[:k]], list(range(k)))
+            if hasattr(world, "records"):  # a world with its own generation (coolsd.continuous.job)
+                world.records(m, sampling, scenes[:k], list(range(k)), list(range(k)), tag)
+            else:
+                generate_batch(world, m, sampling, [sc.caption for sc in scenes[:k]], list(range(k)))
     fresh = {}
     with tqdm(total=len(scenes) * len(methods), initial=len(scenes) * len(methods) - n_todo,
               desc="samples", unit="img") as bar:
@@ -198,6 +204,33 @@ def run_shard(world, runs: dict, sampling, prompts: list, cfg, out_dir: Path, id
     return outputs, mine, shard, {t: v for t, v in failures.items() if v}
 
 
+def run_logged_shard(world, runs: dict, sampling, prompts: list, cfg, out_dir: Path, identity: dict, job: str,
+                     log_name: str):
+    """The logger (made before any work, so a missing optional extra fails first) and
+    ``run_shard``. Returns (logger, outputs, prompts, failures, done): ``done`` is the job's
+    return value for a shard of several (the summary comes from ``coolsd.merge``), else None."""
+    from omegaconf import OmegaConf
+
+    from coolsd.tracking import make_logger
+
+    logger = make_logger(cfg.get("logger"), OmegaConf.to_container(cfg, resolve=True), name=log_name)
+    outputs, prompts, shard, failures = run_shard(world, runs, sampling, prompts, cfg, out_dir, identity)
+    if shard.count > 1:
+        logger.finish()
+        return logger, outputs, prompts, failures, {"job": job, "shard": shard.index, "shards": shard.count,
+                                                    "n_prompts": len(prompts)}
+    return logger, outputs, prompts, failures, None
+
+
+def log_and_finish(logger, table: dict, outputs: dict, captions: list, grid: Path) -> None:
+    """The summary table, every method's images and the grid to the tracker; then close it."""
+    logger.log_summary(table)
+    for tag, (_, imgs) in outputs.items():
+        logger.log_images(tag, imgs, captions)
+    logger.log_files([grid])
+    logger.finish()
+
+
 def speed_summary(outputs: dict) -> dict:
     """Per method tag: accepted length, latency, decode time, target forwards (95% t-CIs over
     prompts) and, where ``ar`` ran on the same prompts, the speed-up (paired bootstrap)."""
@@ -246,10 +279,6 @@ def run_image_target(cfg, world, method_name: str, params: dict, tree: str, draf
                      device: str) -> dict:
     """The job for a real target: records, PNGs, a grid and ``summary.json`` (speed numbers;
     image metrics via ``python -m coolsd.evaluate``)."""
-    from omegaconf import OmegaConf
-
-    from coolsd.tracking import make_logger
-
     runs = job_methods(cfg, method_name, params, tree, draft_length, world.neighbours)
     sampling = SamplingConfig.resolve(cfg.target.get("sampling"), cfg.get("sampling"))
     d = cfg.dataset
@@ -259,12 +288,10 @@ def run_image_target(cfg, world, method_name: str, params: dict, tree: str, draf
                 "seed": int(cfg.seed), "sampling": dataclasses.asdict(sampling), "cfg_scale": float(cfg.target.cfg_scale),
                 "dataset": {"name": d.name, "n_prompts": int(d.n_prompts), "offset": int(d.offset)},
                 "files": world.manifest}
-    logger = make_logger(cfg.get("logger"), OmegaConf.to_container(cfg, resolve=True),
-                         name=f"{target_name}/{method_name}/{out_dir.name}")
-    outputs, prompts, shard, failures = run_shard(world, runs, sampling, prompts, cfg, out_dir, identity)
-    if shard.count > 1:
-        logger.finish()
-        return {"job": "image_target", "shard": shard.index, "shards": shard.count, "n_prompts": len(prompts)}
+    logger, outputs, prompts, failures, done = run_logged_shard(world, runs, sampling, prompts, cfg, out_dir, identity,
+                                                                "image_target", f"{target_name}/{method_name}/{out_dir.name}")
+    if done:
+        return done
     table = speed_summary(outputs)
     summary = {"job": "image_target", "target": target_name, "method": runs[method_name].describe(),
                "n_prompts": len(prompts), "sampling": dataclasses.asdict(sampling), "device": device,
@@ -274,11 +301,7 @@ def run_image_target(cfg, world, method_name: str, params: dict, tree: str, draf
                "failures": failures, "results": table}
     write_json_atomic(summary, out_dir / "summary.json")
     save_png_atomic(make_grid([outputs[t][1][:8] for t in outputs], scale=1, labels=list(outputs)), out_dir / "grid.png")
-    logger.log_summary(table)
-    for tag, (_, imgs) in outputs.items():
-        logger.log_images(tag, imgs, [p.caption for p in prompts])
-    logger.log_files([out_dir / "grid.png"])
-    logger.finish()
+    log_and_finish(logger, table, outputs, [p.caption for p in prompts], out_dir / "grid.png")
     for tag, e in table.items():
         sp = e.get("speedup")
         print(f"{tag:<12} accepted length {e['accepted_length']['mean']:.3f}  latency {e['latency_s']['mean']:.3f} s"

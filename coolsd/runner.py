@@ -50,6 +50,15 @@ def run(cfg: DictConfig) -> dict:
     name, params = method_from_cfg(cfg)
     tree, draft_length = cfg.tree.name, cfg.tree.get("draft_length")
     kind = cfg.target.kind
+    continuous = kind in ("toy_continuous", "mar")
+    if (name == "cspd") != (continuous and name != "ar"):
+        raise ValueError(f"method={name} cannot run on target kind {kind!r}: method=cspd (continuous speculative "
+                         f"decoding) needs a continuous target (target=toy_continuous, mar_h, mar_l), which run "
+                         f"method=cspd or method=ar")
+    if continuous:
+        from coolsd.continuous.job import run_continuous
+
+        return run_continuous(cfg, name, params, output_dir(cfg))
     if kind == "tabular":
         from coolsd.theory.job import run_lab
 
@@ -74,4 +83,4 @@ def run(cfg: DictConfig) -> dict:
         device = cfg.target.get("device", "cuda")
         world = load_lumina_world(cfg.target.get("name", kind), cfg.target, cfg.get("draft"), device=device)
         return run_image_target(cfg, world, name, params, tree, draft_length, output_dir(cfg), device)
-    raise ValueError(f"unknown target kind {kind!r}; valid: tabular, toy, llamagen, lumina")
+    raise ValueError(f"unknown target kind {kind!r}; valid: tabular, toy, llamagen, lumina, toy_continuous, mar")

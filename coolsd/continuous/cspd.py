@@ -18,9 +18,11 @@ import torch
 LOG_2PI = math.log(2 * math.pi)
 
 
-def log_normal(y: torch.Tensor, mu: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
-    """log N(y; mu, diag(exp(2 log_std))) summed over the last dim (continuous_sd.md 2.2)."""
-    z = (y - mu) * torch.exp(-log_std)
+def log_normal(y: torch.Tensor, mu: torch.Tensor, log_std: torch.Tensor, lam: float = 1.0) -> torch.Tensor:
+    """log N(y; mu, diag(exp(2 log_std))) summed over the last dim (continuous_sd.md 2.2); with
+    ``lam`` != 1 the exponent uses std * lam while the normaliser keeps std (the official code's
+    "inner temperature", 2.7 b)."""
+    z = (y - mu) * torch.exp(-log_std) / lam
     return -0.5 * (z * z + 2 * log_std + LOG_2PI).sum(-1)
 
 
@@ -76,11 +78,15 @@ def resample(mu_p, log_std_p, mu_q, log_std_q, log_sigma, gen: torch.Generator, 
     return out, rounds, fallback
 
 
-def verify_paper(x0, mu_p, log_std_p, mu_q, log_std_q, s_p, s_q, gen: torch.Generator, max_rounds: int = 100) -> Verdict:
+def verify_paper(x0, mu_p, log_std_p, mu_q, log_std_q, s_p, s_q, gen: torch.Generator, max_rounds: int = 100,
+                 inner_temperature: float = 1.0) -> Verdict:
     """The paper-faithful rule (continuous_sd.md 2.3-2.4, mode A): log r = log Sigma + l_p0(x0)
-    - l_q0(x0) with log Sigma = S_q - S_p; accept if log U < min(0, log r); otherwise resample."""
+    - l_q0(x0) with log Sigma = S_q - S_p; accept if log U < min(0, log r); otherwise resample
+    (with the true stds). ``inner_temperature`` lam widens the exponents of the acceptance test
+    only, as the official code's lam = 42 (2.7 b): a lossy heuristic; 1 is the paper's formula."""
     log_sigma = s_q - s_p
-    log_r = log_sigma + log_normal(x0, mu_p, log_std_p) - log_normal(x0, mu_q, log_std_q)
+    lam = inner_temperature
+    log_r = log_sigma + log_normal(x0, mu_p, log_std_p, lam) - log_normal(x0, mu_q, log_std_q, lam)
     log_u = torch.log(torch.rand(x0.shape[0], generator=gen, dtype=x0.dtype))
     accepted = log_u < torch.clamp(log_r, max=0.0)
     return _finish(x0, accepted, mu_p, log_std_p, mu_q, log_std_q, log_sigma, gen, max_rounds)

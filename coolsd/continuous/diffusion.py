@@ -62,19 +62,25 @@ class Schedule:
 Head = Callable[[torch.Tensor, int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
-def step_gaussian(head: Head, x, k: int, sched: Schedule, z_c, z_u=None, cfg: float = 1.0, fixed_v=None):
+def step_gaussian(head: Head, x, k: int, sched: Schedule, z_c, z_u=None, cfg=1.0, fixed_v=None, clip_x0=None):
     """(mu, log_var) of step k from state x (continuous_sd.md 2.2): guided epsilon
-    eps_u + w (eps_c - eps_u) (only the conditional branch at w = 1), x0_hat without clipping, the
+    eps_u + w (eps_c - eps_u) when ``z_u`` is given (w: a float or an (N, 1) tensor of per-row
+    scales; only the conditional branch without ``z_u``), x0_hat (unclipped as MAR; ``clip_x0``
+    = c clamps it to [-c, c], improved DDPM's clip_denoised for a head whose epsilon error the
+    1/sqrt(alpha_bar) of the noisiest steps would blow up), the
     posterior mean, log var = f lmax + (1 - f) lmin with f = (clamp(v_c, -1, 1) + 1) / 2 from the
     conditional branch; ``fixed_v`` replaces v (the fixed-variance switch)."""
     c = sched.coefficients(k)
     t = int(sched.timesteps[k])
-    eps_c, v_c = head(x, t, z_c)
-    eps = eps_c
-    if cfg != 1.0 and z_u is not None:
-        eps_u = head(x, t, z_u)[0]
-        eps = eps_u + cfg * (eps_c - eps_u)
+    if z_u is None:
+        eps, v_c = head(x, t, z_c)
+    else:  # both branches in one call (MAR's forward_with_cfg), the same state x
+        e, v = head(torch.cat([x, x]), t, torch.cat([z_c, z_u]))
+        eps_c, eps_u = e.chunk(2)
+        eps, v_c = eps_u + cfg * (eps_c - eps_u), v[: x.shape[0]]
     x0_hat = (x - math.sqrt(1 - c["ab"]) * eps) / math.sqrt(c["ab"])
+    if clip_x0 is not None:
+        x0_hat = x0_hat.clamp(-clip_x0, clip_x0)
     mu = c["c1"] * x0_hat + c["c2"] * x
     v = torch.full_like(v_c, float(fixed_v)) if fixed_v is not None else v_c.clamp(-1, 1)
     f = (v + 1) / 2
@@ -85,21 +91,23 @@ def step_gaussian(head: Head, x, k: int, sched: Schedule, z_c, z_u=None, cfg: fl
 class HeadSample:
     x0: torch.Tensor  # (N, C) the token
     mu0: torch.Tensor  # (N, C) final-step mean
-    log_std0: torch.Tensor  # (N, C) final-step log std (temperature included)
+    log_std0: torch.Tensor  # (N, C) final-step log std (temperature included; or log final_std)
     s: torch.Tensor  # (N,) sum over steps k >= 1 and dims of 1/2 log var_k (no temperature)
 
 
-def aligned_sample(head: Head, z_c, noise, eps, sched: Schedule, *, z_u=None, cfg: float = 1.0, tau: float = 1.0,
-                   final_noise: bool = False, fixed_v=None) -> HeadSample:
+def aligned_sample(head: Head, z_c, noise, eps, sched: Schedule, *, z_u=None, cfg=1.0, tau: float = 1.0,
+                   final_noise: bool = False, fixed_v=None, clip_x0=None, final_std=None) -> HeadSample:
     """Run the chain k = K-1 .. 0 from x^(K) = ``noise`` (N, C) with per-step noise ``eps``
-    (K, N, C): x^(k) = mu_k + tau sigma_k eps_k for k >= 1; x0 = mu_0 (+ tau sigma_0 eps_0 with
-    ``final_noise``). Two heads given the same noise and eps are trajectory-aligned."""
+    (K, N, C): x^(k) = mu_k + tau sigma_k eps_k for k >= 1; x0 = mu_0 (+ s_0 eps_0 with
+    ``final_noise``, s_0 = tau sigma_0, or ``final_std``: the exact mode's smoothing s of
+    continuous_sd.md 2.9, which convolves the target with N(0, s^2)). Two heads given the same
+    noise and eps are trajectory-aligned."""
     x, s = noise, torch.zeros(noise.shape[0], dtype=noise.dtype)
     for k in range(sched.K - 1, 0, -1):
-        mu, log_var = step_gaussian(head, x, k, sched, z_c, z_u, cfg, fixed_v)
+        mu, log_var = step_gaussian(head, x, k, sched, z_c, z_u, cfg, fixed_v, clip_x0)
         s = s + 0.5 * log_var.sum(-1)
         x = mu + tau * torch.exp(0.5 * log_var) * eps[k]
-    mu0, log_var0 = step_gaussian(head, x, 0, sched, z_c, z_u, cfg, fixed_v)
-    log_std0 = 0.5 * log_var0 + math.log(tau)
+    mu0, log_var0 = step_gaussian(head, x, 0, sched, z_c, z_u, cfg, fixed_v, clip_x0)
+    log_std0 = 0.5 * log_var0 + math.log(tau) if final_std is None else torch.full_like(mu0, math.log(final_std))
     x0 = mu0 + torch.exp(log_std0) * eps[0] if final_noise else mu0
     return HeadSample(x0, mu0, log_std0, s)

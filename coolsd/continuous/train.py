@@ -1,33 +1,16 @@
-"""Training pieces of the toy continuous world (continuous_sd.md 4.1): raw-pixel patch tokens and
-the MAR-style diffusion loss of a ``ContinuousAR`` (epsilon MSE plus the variational bound for the
-learned-range variance, with the mean's gradient stopped in that term, as improved DDPM's hybrid
-loss), on the full T-step cosine schedule with a random timestep per token.
+"""Training losses of MAR-style models (continuous_sd.md 1.2, 1.5, 4.1): the diffusion head's
+loss (epsilon MSE plus the variational bound for the learned-range variance, with the mean's
+gradient stopped in that term, as improved DDPM's hybrid loss, on the full T-step cosine
+schedule with a random timestep per token) and MAR's masked-token loss around it.
 """
 from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 
 from coolsd.continuous.diffusion import cosine_alphas_bar
-
-PATCH_SCALE = 2.0  # tokens = (pixels / 127.5 - 1) * PATCH_SCALE: about unit variance for the toy scenes
-
-
-def patchify(images: np.ndarray, p: int = 4) -> torch.Tensor:
-    """uint8 (B, H, W, 3) -> float32 (B, (H/p)(W/p), p*p*3) tokens, raster order, scaled."""
-    x = torch.from_numpy(np.ascontiguousarray(images)).float() / 127.5 - 1.0
-    B, H, W, _ = x.shape
-    x = x.reshape(B, H // p, p, W // p, p, 3).permute(0, 1, 3, 2, 4, 5).reshape(B, (H // p) * (W // p), p * p * 3)
-    return x * PATCH_SCALE
-
-
-def unpatchify(tokens: torch.Tensor, H: int, W: int, p: int = 4) -> np.ndarray:
-    """Inverse of ``patchify``: tokens -> uint8 (B, H, W, 3) (clamped)."""
-    B = tokens.shape[0]
-    x = (tokens / PATCH_SCALE).reshape(B, H // p, W // p, p, p, 3).permute(0, 1, 3, 2, 4, 5).reshape(B, H, W, 3)
-    return ((x + 1.0) * 127.5).round().clamp(0, 255).to(torch.uint8).numpy()
+from coolsd.models.mar import MAR, NULL_LABEL
 
 
 def diffusion_loss(head, x0: torch.Tensor, z: torch.Tensor, gen: torch.Generator, T: int = 1000, vlb_weight: float = 1.0):
@@ -56,14 +39,18 @@ def diffusion_loss(head, x0: torch.Tensor, z: torch.Tensor, gen: torch.Generator
     kl = 0.5 * (log_var - lmin + torch.exp(lmin - log_var) + (mean_true - mean_pred) ** 2 / torch.exp(log_var) - 1)
     nll = 0.5 * ((x0 - mean_pred) ** 2 / torch.exp(log_var) + log_var + math.log(2 * math.pi))
     vlb = torch.where(t.unsqueeze(1) > 0, kl, nll).mean(1)
-    return (mse + vlb_weight * vlb).mean(), {"mse": float(mse.mean()), "vlb": float(vlb.mean())}
+    return (mse + vlb_weight * vlb).mean(), {"mse": float(mse.detach().mean()), "vlb": float(vlb.detach().mean())}
 
 
-def ar_loss(model, tokens: torch.Tensor, labels: torch.Tensor, gen: torch.Generator, label_drop: float = 0.1):
-    """Teacher-forced loss of a ``ContinuousAR`` on (B, N, C) tokens: conditions from the causal
-    backbone (labels dropped to the null class w.p. ``label_drop`` for CFG), the head's diffusion
-    loss on every token."""
-    drop = torch.rand(labels.shape, generator=gen) < label_drop
-    z = model.conditions(tokens, torch.where(drop, torch.full_like(labels, model.null_class), labels))
-    B, N, C = tokens.shape
-    return diffusion_loss(model.head, tokens.reshape(B * N, C), z[:, :N].reshape(B * N, -1), gen)
+def mar_loss(model: MAR, tokens, labels, gen: torch.Generator, label_drop: float = 0.1, batch_mul: int = 2):
+    """MAR's training loss (models/mar.py ``forward``): a random order per sample, the first
+    n_b positions of it known with n_b uniform in [0, L - 1] (generation sees every count, one
+    token per step), ``diffusion_loss`` on the unknown tokens, each
+    repeated ``batch_mul`` times with its own timestep; labels dropped w.p. ``label_drop``."""
+    B, L, C = tokens.shape
+    rank = torch.argsort(torch.rand(B, L, generator=gen), 1)  # rank of each position in a random order
+    known = rank < torch.randint(0, L, (B, 1), generator=gen)
+    drop = (torch.rand(B, generator=gen) < label_drop).reshape(B, *[1] * (labels.dim() - 1))  # labels (B,) or (B, k)
+    z = model.conditions(tokens, known, torch.where(drop, torch.full_like(labels, NULL_LABEL), labels))
+    x0, zs = tokens[~known].repeat(batch_mul, 1), z[~known].repeat(batch_mul, 1)
+    return diffusion_loss(model.head, x0, zs, gen)

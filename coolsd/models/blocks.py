@@ -90,3 +90,33 @@ class Upsample(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
+
+
+class Downsample(nn.Module):
+    """Stride-2 3x3 conv after a (0, 1, 0, 1) zero pad (taming / LDM ``Downsample``, with_conv)."""
+
+    def __init__(self, c: int):
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, stride=2, padding=0)
+
+    def forward(self, x):
+        return self.conv(F.pad(x, (0, 1, 0, 1)))
+
+
+def res_level(c_in: int, c_out: int, n_blocks: int, attn: bool, key: str) -> nn.Module:
+    """One resolution level of a taming/LDM encoder or decoder: ``n_blocks`` ResnetBlocks under
+    ``key`` (LlamaGen: "res", LDM: "block"), each followed by an AttnBlock when ``attn``."""
+    level = nn.Module()
+    setattr(level, key, nn.ModuleList(ResnetBlock(c_in if j == 0 else c_out, c_out) for j in range(n_blocks)))
+    level.attn = nn.ModuleList(AttnBlock(c_out) for _ in range(n_blocks if attn else 0))
+    level.key = key
+    return level
+
+
+def run_res_level(level: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    for j, block in enumerate(getattr(level, level.key)):
+        h = block(h)
+        if len(level.attn):
+            h = level.attn[j](h)
+    return h
+

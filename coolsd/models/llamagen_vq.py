@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from coolsd.models.blocks import AttnBlock, ResnetBlock, Upsample, group_norm
+from coolsd.models.blocks import AttnBlock, Downsample, ResnetBlock, Upsample, group_norm, res_level, run_res_level
 
 VQ_SOURCE = "https://huggingface.co/peizesun/llamagen_t2i (file vq_ds16_t2i.pt)"
 
@@ -50,30 +50,6 @@ class VQConfig:
 VQ_16 = VQConfig()
 
 
-class Downsample(nn.Module):
-    def __init__(self, c: int):
-        super().__init__()
-        self.conv = nn.Conv2d(c, c, 3, stride=2, padding=0)
-
-    def forward(self, x):
-        return self.conv(F.pad(x, (0, 1, 0, 1)))
-
-
-def _level(c_in: int, c_out: int, n_res: int, attn: bool) -> nn.Module:
-    level = nn.Module()
-    level.res = nn.ModuleList(ResnetBlock(c_in if i == 0 else c_out, c_out) for i in range(n_res))
-    level.attn = nn.ModuleList(AttnBlock(c_out) for _ in range(n_res if attn else 0))
-    return level
-
-
-def _run_level(level: nn.Module, h):
-    for i, res in enumerate(level.res):
-        h = res(h)
-        if len(level.attn):
-            h = level.attn[i](h)
-    return h
-
-
 class Encoder(nn.Module):
     def __init__(self, cfg: VQConfig):
         super().__init__()
@@ -82,7 +58,7 @@ class Encoder(nn.Module):
         self.conv_blocks = nn.ModuleList()
         c = ch
         for i in range(n):  # attention only at the last (lowest-resolution) level
-            level = _level(c, ch * mult[i], cfg.num_res_blocks, attn=i == n - 1)
+            level = res_level(c, ch * mult[i], cfg.num_res_blocks, attn=i == n - 1, key="res")
             c = ch * mult[i]
             if i != n - 1:
                 level.downsample = Downsample(c)
@@ -93,7 +69,7 @@ class Encoder(nn.Module):
     def forward(self, x):
         h = self.conv_in(x)
         for level in self.conv_blocks:
-            h = _run_level(level, h)
+            h = run_res_level(level, h)
             if hasattr(level, "downsample"):
                 h = level.downsample(h)
         for m in self.mid:
@@ -110,7 +86,7 @@ class Decoder(nn.Module):
         self.mid = nn.ModuleList([ResnetBlock(c, c), AttnBlock(c), ResnetBlock(c, c)])
         self.conv_blocks = nn.ModuleList()
         for i in reversed(range(n)):  # conv_blocks[0] is the lowest resolution (with attention)
-            level = _level(c, ch * mult[i], cfg.num_res_blocks + 1, attn=i == n - 1)
+            level = res_level(c, ch * mult[i], cfg.num_res_blocks + 1, attn=i == n - 1, key="res")
             c = ch * mult[i]
             if i != 0:
                 level.upsample = Upsample(c)
@@ -122,7 +98,7 @@ class Decoder(nn.Module):
         for m in self.mid:
             h = m(h)
         for level in self.conv_blocks:
-            h = _run_level(level, h)
+            h = run_res_level(level, h)
             if hasattr(level, "upsample"):
                 h = level.upsample(h)
         return self.conv_out(F.silu(self.norm_out(h)))
@@ -195,10 +171,10 @@ def check_state_dict(model: nn.Module, state: dict, path: str, source: str) -> N
         raise ValueError(f"{path} does not fit {type(model).__name__} ({'; '.join(parts)}); expected the file from {source}")
 
 
-def unwrap_checkpoint(obj, path: str) -> dict:
-    """The state dict inside an upstream checkpoint (``{"model"|"module"|"state_dict": sd}``)."""
+def unwrap_checkpoint(obj, path: str, keys=("model", "module", "state_dict")) -> dict:
+    """The state dict inside an upstream checkpoint (``{key: sd}``, the first of ``keys`` present)."""
     if isinstance(obj, dict):
-        for key in ("model", "module", "state_dict"):
+        for key in keys:
             if isinstance(obj.get(key), dict):
                 obj = obj[key]
                 break
@@ -207,17 +183,25 @@ def unwrap_checkpoint(obj, path: str) -> dict:
     return obj
 
 
-def read_torch_checkpoint(path, what: str, source: str) -> dict:
-    """``torch.load(weights_only=True)`` of a local file, errors naming the file and its source."""
+def read_torch_checkpoint(path, what: str, source: str, keys=("model", "module", "state_dict"),
+                          allow: tuple = ()) -> dict:
+    """A local weight file's state dict: ``.safetensors``, or ``torch.load(weights_only=True)``
+    (``allow``: harmless classes upstream pickles beside the weights, e.g. argparse.Namespace)
+    unwrapped by ``keys``; errors name the file and its source."""
     path = os.fspath(path) if path else ""
     if not path or not os.path.isfile(path):
         raise FileNotFoundError(f"{what} not found: {path or '(path not set)'}; download it from {source}")
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        if path.endswith(".safetensors"):
+            from safetensors.torch import load_file
+
+            return load_file(path)
+        with torch.serialization.safe_globals(list(allow)):
+            obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 (any unpickling failure means: not a weights file)
         raise ValueError(f"{path} is not a readable PyTorch weight file ({type(e).__name__}: "
                          f"{' '.join(str(e).split())[:200]}); expected {what} from {source}") from e
-    return unwrap_checkpoint(obj, path)
+    return unwrap_checkpoint(obj, path, keys)
 
 
 def load_llamagen_vq(path, cfg: VQConfig = VQ_16, device="cpu") -> LlamaGenVQ:

@@ -54,13 +54,18 @@ def records_frame(roots) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def summary_frame(df: pd.DataFrame, metrics=("accepted_length", "latency_s", "target_forwards")) -> pd.DataFrame:
+def summary_frame(df: pd.DataFrame, metrics=("accepted_length", "latency_s", "target_forwards", "acceptance_rate")
+                  ) -> pd.DataFrame:
     """One row per configuration (``config``) of a consolidated table: for each metric its mean
     and 95% CI over samples (columns m, m_lo, m_hi), and ``speedup`` = mean AR latency / mean
-    latency with a paired bootstrap CI, where AR ran in the same run on the same prompts (METHODS.md
-    6). Columns ``tag`` (= config) and ``family`` (the method) fit ``pareto_plot``."""
+    latency with a paired bootstrap CI, where AR (the run's one ``ar`` configuration; for CSpD's
+    exact mode ``ar final_noise=True``) ran in the same run on the same prompts (METHODS.md 6).
+    Columns ``tag`` (= config) and ``family`` (the method) fit ``pareto_plot``."""
     rows = []
-    ar = df[df["config"] == "ar"].set_index(["run", "prompt_index"])["latency_s"]
+    is_ar = df["config"].str.split(" ").str[0] == "ar"
+    ar = df[is_ar].set_index(["run", "prompt_index"])["latency_s"]
+    if ar.index.duplicated().any():
+        raise ValueError("a run holds more than one AR configuration: speed-ups would be ambiguous")
     for config, g in df.groupby("config", sort=False):
         r = {"tag": config, "family": config.split(" ")[0], "n": len(g), "runs": g["run"].nunique()}
         for k in metrics:

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from coolsd.drafting import SamplingConfig
-from coolsd.job import job_methods, make_grid, run_shard, speed_summary
+from coolsd.job import job_methods, log_and_finish, make_grid, run_logged_shard, speed_summary
 from coolsd.metrics.toy import bootstrap_fid_ci, caption_attributes, paired_fid_difference_ci, toy_clip_scores
 from coolsd.records import save_png_atomic, write_json_atomic
 from coolsd.stats import mean_ci
@@ -72,16 +72,10 @@ def run_toy(cfg, method_name: str, params: dict, tree: str, draft_length, out_di
                 "dataset": {"name": d.name, "n_prompts": int(d.n_prompts), "offset": int(d.offset)},
                 "assets": world.manifest["sha256"], **({"draft": draft} if draft != "shipped" else {}),
                 **({"draft_path": str(cfg.draft.path)} if draft == "eagle" else {})}
-    from omegaconf import OmegaConf
-
-    from coolsd.tracking import make_logger
-
-    logger = make_logger(cfg.get("logger"), OmegaConf.to_container(cfg, resolve=True),
-                         name=f"toy/{method_name}/{out_dir.name}")  # before work: a missing extra fails here
-    outputs, scenes, shard, failures = run_shard(world, runs, sampling, scenes, cfg, out_dir, identity)
-    if shard.count > 1:
-        logger.finish()
-        return {"job": "toy", "shard": shard.index, "shards": shard.count, "n_prompts": len(scenes)}
+    logger, outputs, scenes, failures, done = run_logged_shard(world, runs, sampling, scenes, cfg, out_dir, identity,
+                                                               "toy", f"toy/{method_name}/{out_dir.name}")
+    if done:
+        return done
     table = summarize(world, outputs, scenes)
     summary = {"job": "toy", "method": method.describe(), "n_prompts": len(scenes), "sampling": dataclasses.asdict(sampling),
                "device": "cpu", "threads": torch.get_num_threads(), "batch_size": int(cfg.get("batch_size", 1)),
@@ -91,11 +85,7 @@ def run_toy(cfg, method_name: str, params: dict, tree: str, draft_length, out_di
     ref = render_batch(scenes[:8])
     grid = make_grid([outputs[t][1][:8] for t in outputs] + [ref], labels=list(outputs) + ["reference"])
     save_png_atomic(grid, out_dir / "grid.png")
-    logger.log_summary(table)
-    for tag, (_, imgs) in outputs.items():
-        logger.log_images(tag, imgs, [sc.caption for sc in scenes])
-    logger.log_files([out_dir / "grid.png"])
-    logger.finish()
+    log_and_finish(logger, table, outputs, [sc.caption for sc in scenes], out_dir / "grid.png")
     print_summary(table, out_dir)
     return summary
 

@@ -20,17 +20,17 @@ def save_weights(path, tensors: dict, fmt: str, config_json: str) -> None:
     tmp.replace(path)
 
 
-def read_weights(path, fmt: str, what: str = "toy weights") -> tuple[dict[str, torch.Tensor], str]:
+def read_weights(path, fmt: str, what: str = "toy weights", rebuild: str = REBUILD) -> tuple[dict[str, torch.Tensor], str]:
     """(state dict, config JSON) of a file written by ``save_weights`` with this ``fmt``."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{what} {path} not found; {REBUILD}")
+        raise FileNotFoundError(f"{what} {path} not found; {rebuild}")
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             meta = f.metadata() or {}
             sd = {k: f.get_tensor(k) for k in f.keys()}
     except Exception as e:
-        raise ValueError(f"{what} {path} are unreadable ({' '.join(str(e).split())}); {REBUILD}") from e
+        raise ValueError(f"{what} {path} are unreadable ({' '.join(str(e).split())}); {rebuild}") from e
     if meta.get("format") != fmt or "config" not in meta:
-        raise ValueError(f"{what} {path} are not a {fmt} file with a config; {REBUILD}")
+        raise ValueError(f"{what} {path} are not a {fmt} file with a config; {rebuild}")
     return sd, meta["config"]

@@ -1,0 +1,146 @@
+"""CSpD on the toy continuous world (issue 7; `make continuous-bench`): acceptance rate, target
+forwards saved and wall-clock speed-up for gamma in {4, 8, 16} at batch 1 and 16, for the
+paper-faithful mode (parallel verification, the Sigma term, MAR's noiseless final step) and the
+exact mode (prefix verification, final-step noise), with toy_fid of every configuration and of
+the target alone. One run folder per (batch, mode) holds AR and the three gammas, interleaved per
+batch of prompts, so every speed-up is a ratio measured side by side (METHODS.md 6).
+
+Writes results/toy_continuous/{table.md, table.csv, speedup_table.md, summary.json, pareto.png,
+pareto.pdf, grid.png}; per-sample records and images go to outputs/continuous_sweep/<time>/
+(resumable with --records).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from coolsd.continuous.job import ContinuousMethod, continuous_summary, load_world
+from coolsd.job import make_grid, run_shard
+from coolsd.records import save_png_atomic, write_json_atomic
+from coolsd.report.plots import pareto_plot
+from coolsd.report.sweep import ROOT, cpu_name, sweep_frame
+from coolsd.runner import compose
+from coolsd.toy.job import summarize, toy_prompts
+
+MODES = {"paper": dict(mode="paper", verify="parallel"), "exact": dict(mode="exact", verify="prefix")}
+
+
+def run_point(world, batch: int, mode: str, gammas, n: int, records: Path, seed: int):
+    runs = {"ar": ContinuousMethod("ar", **MODES[mode])}
+    runs.update({f"cspd_g{g}": ContinuousMethod("cspd", gamma=g, **MODES[mode]) for g in gammas})
+    cfg = compose("target=toy_continuous", "method=cspd", f"batch_size={batch}", f"dataset.n_prompts={n}", f"seed={seed}")
+    identity = {"job": "continuous_sweep", "target": world.name, "methods": {t: m.describe() for t, m in runs.items()},
+                "seed": seed, "head": dataclasses.asdict(world.head), "n_prompts": n, "files": world.manifest}
+    outputs, prompts, _, failures = run_shard(world, runs, None, toy_prompts(n), cfg, records / f"b{batch}_{mode}", identity)
+    return continuous_summary(summarize(world, outputs, prompts), outputs), outputs, failures
+
+
+def rows_of(table: dict, batch: int, mode: str) -> list[dict]:
+    ar_tf = table["ar"]["target_forwards"]["mean"]
+    out = []
+    for tag, e in table.items():
+        p = e["params"]
+        fid, dfid = e.get("toy_fid"), e.get("toy_fid_minus_ar")
+        out.append({"batch": batch, "mode": mode, "config": tag, "gamma": p.get("gamma"),
+                    "acceptance": e.get("acceptance_rate", {}).get("mean"),
+                    "target_forwards": e["target_forwards"]["mean"],
+                    "forwards_saved": 1 - e["target_forwards"]["mean"] / ar_tf,
+                    "draft_forwards": e.get("draft_forwards", {}).get("mean"),
+                    "latency_s": e["latency_s"]["mean"], "images_per_s": e["images_per_s"]["mean"],
+                    "speedup": e["speedup"]["mean"], "speedup_lo": e["speedup"]["ci95"][0],
+                    "speedup_hi": e["speedup"]["ci95"][1],
+                    "toy_fid": fid["fid"] if fid else None, "toy_fid_lo": fid["lo"] if fid else None,
+                    "toy_fid_hi": fid["hi"] if fid else None,
+                    "toy_fid_minus_ar": dfid["diff"] if dfid else None,
+                    "toy_fid_minus_ar_lo": dfid["lo"] if dfid else None, "toy_fid_minus_ar_hi": dfid["hi"] if dfid else None,
+                    "fallbacks": e.get("fallbacks", {}).get("mean"), "resample_rounds": e.get("resample_rounds", {}).get("mean")})
+    return out
+
+
+def _f(x, p=2):
+    return "-" if x is None or pd.isna(x) else f"{x:.{p}f}"
+
+
+def markdown(df: pd.DataFrame) -> str:
+    head = ("| batch | mode | config | acceptance | target fwd | fwd saved | latency s | speed-up [95% CI] | "
+            "toy_fid [CI] | toy_fid - AR [CI] |\n|---|---|---|---|---|---|---|---|---|---|\n")
+    lines = [f"| {r.batch} | {r.mode} | {r.config} | {_f(r.acceptance, 3)} | {_f(r.target_forwards, 1)} | "
+             f"{_f(100 * r.forwards_saved, 0)}% | {_f(r.latency_s, 3)} | {_f(r.speedup)} [{_f(r.speedup_lo)}, {_f(r.speedup_hi)}] | "
+             f"{_f(r.toy_fid, 1)} [{_f(r.toy_fid_lo, 1)}, {_f(r.toy_fid_hi, 1)}] | "
+             f"{_f(r.toy_fid_minus_ar, 1)} [{_f(r.toy_fid_minus_ar_lo, 1)}, {_f(r.toy_fid_minus_ar_hi, 1)}] |"
+             for r in df.itertuples()]
+    return head + "\n".join(lines) + "\n"
+
+
+def speedup_layout(df: pd.DataFrame) -> str:
+    """The paper's Table 1 layout: per mode and gamma, acceptance and the speed-up per batch size."""
+    sp = df[df.config != "ar"]
+    batches = sorted(sp.batch.unique())
+    out = []
+    for mode, g in sp.groupby("mode", sort=False):
+        out.append(f"**{mode}** ({MODES[mode]['verify']} verification)\n\n| gamma | acceptance | "
+                   + " | ".join(f"bs={b}" for b in batches) + " |\n|---|---|" + "---|" * len(batches))
+        for gamma, gg in sorted(g.groupby("gamma"), key=lambda x: -x[0]):
+            acc = gg.acceptance.mean()  # per-batch values are the same samples up to rounding
+            cells = [f"{_f(gg[gg.batch == b].speedup.iloc[0])}x" if (gg.batch == b).any() else "-" for b in batches]
+            out.append(f"| {int(gamma)} | {_f(acc, 3)} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--gammas", default="4,8,16")
+    ap.add_argument("--batches", default="1,16")
+    ap.add_argument("--prompts", default="16,64", help="prompts per batch size (comma-separated, as --batches)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=ROOT / "results" / "toy_continuous")
+    ap.add_argument("--records", type=Path, default=None)
+    a = ap.parse_args(argv)
+    gammas = [int(x) for x in a.gammas.split(",")]
+    batches = [int(x) for x in a.batches.split(",")]
+    prompts = [int(x) for x in a.prompts.split(",")]
+    if len(prompts) != len(batches):
+        raise SystemExit("--prompts needs one count per batch size")
+    records = a.records or ROOT / "outputs" / "continuous_sweep" / time.strftime("%Y-%m-%d_%H-%M-%S")
+    torch.set_num_threads(a.threads)
+    world = load_world(compose("target=toy_continuous", "method=cspd"))
+    t0 = time.perf_counter()
+    rows, tables, grids = [], {}, []
+    for batch, n in zip(batches, prompts):
+        for mode in MODES:
+            table, outputs, failures = run_point(world, batch, mode, gammas, n, records, a.seed)
+            tables[f"b{batch}_{mode}"] = {"table": table, "failures": failures}
+            rows += rows_of(table, batch, mode)
+            if batch == batches[-1]:
+                grids += [(f"{mode} {t}", outputs[t][1][:12]) for t in outputs if mode == "paper" or t != "ar"]
+    df = pd.DataFrame(rows)
+    a.out.mkdir(parents=True, exist_ok=True)
+    env = {"target": "toy_continuous", "head": dataclasses.asdict(world.head), "gammas": gammas, "batches": batches,
+           "prompts": dict(zip(map(str, batches), prompts)), "threads": a.threads, "cpu": cpu_name(),
+           "cores": os.cpu_count(), "torch": torch.__version__, "seed": a.seed, "records": str(records),
+           "generation_seconds": time.perf_counter() - t0, "files": world.manifest,
+           "speedup_reference": "ar (the target alone, sampled as the mode samples) in the same run folder, same prompts, "
+                                "interleaved per batch (paired by prompt)"}
+    write_json_atomic({"env": env, "rows": rows, "runs": tables}, a.out / "summary.json")
+    df.to_csv(a.out / "table.csv", index=False)
+    (a.out / "table.md").write_text(markdown(df))
+    (a.out / "speedup_table.md").write_text(speedup_layout(df))
+    plot = sweep_frame({f"{k} {t}": {**e, "params": {"method": k}} for k, v in tables.items() for t, e in v["table"].items()})
+    pareto_plot(plot, a.out / "pareto.png", ["toy_fid"], "CSpD on the toy continuous world (families: batch_mode)",
+                xs=("acceptance_rate", "speedup"))
+    save_png_atomic(make_grid([g for _, g in grids], labels=[t for t, _ in grids]), a.out / "grid.png")
+    print(markdown(df))
+    print(speedup_layout(df))
+    print(f"wrote {a.out}/ (records: {records})")
+
+
+if __name__ == "__main__":
+    main()
