@@ -31,7 +31,7 @@ theory: $(STAMP)
 toy-assets: $(STAMP)
 	$(VPY) -m coolsd.toy.assets
 
-# Retrain the toy continuous world (PCA patch codec, MAR target and draft; about 15 min on 2 cores)
+# Retrain the toy continuous world (PCA patch codec, MAR target and draft; about 40 min on 2 cores)
 toy-continuous-assets: $(STAMP)
 	$(VPY) -m coolsd.continuous.toy
 

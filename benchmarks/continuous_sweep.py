@@ -1,8 +1,9 @@
 """CSpD on the toy continuous world (issue 7; `make continuous-bench`): acceptance rate, target
 forwards saved and wall-clock speed-up for gamma in {4, 8, 16} at batch 1 and 16, for the
-paper-faithful mode (parallel verification, the Sigma term, MAR's noiseless final step) and the
-exact mode (prefix verification, final-step noise), with toy_fid of every configuration and of
-the target alone. One run folder per (batch, mode) holds AR and the three gammas, interleaved per
+paper-faithful mode (parallel verification, the Sigma term, MAR's noiseless final step), the
+official code's variant of it (inner temperature 42, continuous_sd.md 2.7 b) and the exact mode
+(prefix verification, final-step noise with the smoothing s = --exact-std for target, draft and
+the target alone), with toy_fid of every configuration and of the target alone. One run folder per (batch, mode) holds AR and the three gammas, interleaved per
 batch of prompts, so every speed-up is a ratio measured side by side (METHODS.md 6).
 
 Writes results/toy_continuous/{table.md, table.csv, speedup_table.md, summary.json, pareto.png,
@@ -28,12 +29,15 @@ from coolsd.report.sweep import ROOT, cpu_name, sweep_frame
 from coolsd.runner import compose
 from coolsd.toy.job import summarize, toy_prompts
 
-MODES = {"paper": dict(mode="paper", verify="parallel"), "exact": dict(mode="exact", verify="prefix")}
+# mode name -> ContinuousMethod settings; "exact"'s final_std (the smoothing s) is set by --exact-std
+MODES = {"paper": dict(mode="paper", verify="parallel"),
+         "official": dict(mode="paper", verify="parallel", inner_temperature=42.0),
+         "exact": dict(mode="exact", verify="prefix")}
 
 
-def run_point(world, batch: int, mode: str, gammas, n: int, records: Path, seed: int):
-    runs = {"ar": ContinuousMethod("ar", **MODES[mode])}
-    runs.update({f"cspd_g{g}": ContinuousMethod("cspd", gamma=g, **MODES[mode]) for g in gammas})
+def run_point(world, batch: int, mode: str, settings: dict, gammas, n: int, records: Path, seed: int):
+    runs = {"ar": ContinuousMethod("ar", **settings)}
+    runs.update({f"cspd_g{g}": ContinuousMethod("cspd", gamma=g, **settings) for g in gammas})
     cfg = compose("target=toy_continuous", "method=cspd", f"batch_size={batch}", f"dataset.n_prompts={n}", f"seed={seed}")
     identity = {"job": "continuous_sweep", "target": world.name, "methods": {t: m.describe() for t, m in runs.items()},
                 "seed": seed, "head": dataclasses.asdict(world.head), "n_prompts": n, "files": world.manifest}
@@ -84,7 +88,8 @@ def speedup_layout(df: pd.DataFrame) -> str:
     batches = sorted(sp.batch.unique())
     out = []
     for mode, g in sp.groupby("mode", sort=False):
-        out.append(f"**{mode}** ({MODES[mode]['verify']} verification)\n\n| gamma | acceptance | "
+        settings = ", ".join(f"{k}={v}" for k, v in MODES[mode].items())
+        out.append(f"**{mode}** ({settings})\n\n| gamma | acceptance | "
                    + " | ".join(f"bs={b}" for b in batches) + " |\n|---|---|" + "---|" * len(batches))
         for gamma, gg in sorted(g.groupby("gamma"), key=lambda x: -x[0]):
             acc = gg.acceptance.mean()  # per-batch values are the same samples up to rounding
@@ -100,9 +105,12 @@ def main(argv=None):
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--prompts", default="16,64", help="prompts per batch size (comma-separated, as --batches)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--exact-std", type=float, default=0.3, help="the exact mode's final-step std s")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "toy_continuous")
     ap.add_argument("--records", type=Path, default=None)
+    ap.add_argument("--assets", default=None, help="toy continuous weights folder (default: the shipped ones)")
     a = ap.parse_args(argv)
     gammas = [int(x) for x in a.gammas.split(",")]
     batches = [int(x) for x in a.batches.split(",")]
@@ -111,19 +119,21 @@ def main(argv=None):
         raise SystemExit("--prompts needs one count per batch size")
     records = a.records or ROOT / "outputs" / "continuous_sweep" / time.strftime("%Y-%m-%d_%H-%M-%S")
     torch.set_num_threads(a.threads)
-    world = load_world(compose("target=toy_continuous", "method=cspd"))
+    world = load_world(compose("target=toy_continuous", "method=cspd", *([f"target.assets={a.assets}"] if a.assets else [])))
     t0 = time.perf_counter()
     rows, tables, grids = [], {}, []
     for batch, n in zip(batches, prompts):
-        for mode in MODES:
-            table, outputs, failures = run_point(world, batch, mode, gammas, n, records, a.seed)
+        for mode in a.modes.split(","):
+            settings = {**MODES[mode], **({"final_std": a.exact_std} if mode == "exact" else {})}
+            table, outputs, failures = run_point(world, batch, mode, settings, gammas, n, records, a.seed)
             tables[f"b{batch}_{mode}"] = {"table": table, "failures": failures}
             rows += rows_of(table, batch, mode)
-            if batch == batches[-1]:
-                grids += [(f"{mode} {t}", outputs[t][1][:12]) for t in outputs if mode == "paper" or t != "ar"]
+            if batch == batches[-1]:  # one AR row per distinct target-only sampling (exact: smoothed)
+                grids += [(f"{mode} {t}", outputs[t][1][:12]) for t in outputs if mode != "official" or t != "ar"]
     df = pd.DataFrame(rows)
     a.out.mkdir(parents=True, exist_ok=True)
     env = {"target": "toy_continuous", "head": dataclasses.asdict(world.head), "gammas": gammas, "batches": batches,
+           "modes": {m: {**MODES[m], **({"final_std": a.exact_std} if m == "exact" else {})} for m in a.modes.split(",")},
            "prompts": dict(zip(map(str, batches), prompts)), "threads": a.threads, "cpu": cpu_name(),
            "cores": os.cpu_count(), "torch": torch.__version__, "seed": a.seed, "records": str(records),
            "generation_seconds": time.perf_counter() - t0, "files": world.manifest,

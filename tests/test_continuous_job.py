@@ -180,3 +180,24 @@ def test_continuous_runs_join_the_parquet_table_and_its_summary(assets, tmp_path
         if tag.startswith("cspd"):  # paired with the AR of its own run
             assert 0 < s.loc[tag, "speedup"] and s.loc[tag, "acceptance_rate"] >= 0
             assert s.loc[tag, "target_forwards"] == 19 or "prefix" in tag
+
+
+def test_continuous_benchmark_smoke_run(assets, tmp_path):
+    """benchmarks/continuous_sweep.py end to end on tiny weights: its tables come from the runs."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("continuous_sweep",
+                                                  Path(__file__).resolve().parents[1] / "benchmarks" / "continuous_sweep.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.main(["--assets", str(assets), "--prompts", "2,2", "--batches", "1,2", "--gammas", "2", "--modes",
+                "paper,exact", "--out", str(tmp_path / "out"), "--records", str(tmp_path / "rec")])
+    rows = json.loads((tmp_path / "out" / "summary.json").read_text())["rows"]
+    assert {(r["batch"], r["mode"], r["config"]) for r in rows} == {
+        (b, m, c) for b in (1, 2) for m in ("paper", "exact") for c in ("ar", "cspd_g2")}
+    for r in rows:
+        if r["config"] == "cspd_g2" and r["mode"] == "paper":  # parallel: one target forward per 2 drafts
+            assert r["target_forwards"] == 4 + 30 and abs(r["forwards_saved"] - (1 - 34 / 64)) < 1e-9
+    assert "| gamma | acceptance | bs=1 | bs=2 |" in (tmp_path / "out" / "speedup_table.md").read_text()
+    assert (tmp_path / "out" / "pareto.png").is_file() and (tmp_path / "out" / "grid.png").is_file()
