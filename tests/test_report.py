@@ -217,8 +217,20 @@ def test_wandb_offline_run_contains_the_logged_keys(tmp_path, monkeypatch):
     log.finish()
     files = list(tmp_path.rglob("offline-run-*/run-*.wandb"))
     assert len(files) == 1
+    import time
+
+    from google.protobuf.message import DecodeError
+
+    for attempt in range(40):  # W&B's service process may still be flushing the file (seen under load)
+        try:
+            records = list(_wandb_records(files[0]))
+            break
+        except DecodeError:
+            if attempt == 39:
+                raise
+            time.sleep(0.25)
     summary, history, config = set(), set(), {}
-    for r in _wandb_records(files[0]):
+    for r in records:
         kind = r.WhichOneof("record_type")
         if kind == "summary":
             summary |= {u.key or u.nested_key[0] for u in r.summary.update}
