@@ -52,6 +52,8 @@ def rows_of(table: dict, batch: int, mode: str) -> list[dict]:
         p = e["params"]
         fid, dfid = e.get("toy_fid"), e.get("toy_fid_minus_ar")
         out.append({"batch": batch, "mode": mode, "config": tag, "gamma": p.get("gamma"),
+                    "settings": {k: p[k] for k in ("mode", "verify", "inner_temperature", "final_std")
+                                 if p.get(k) not in (None, 1.0)},
                     "acceptance": e.get("acceptance_rate", {}).get("mean"),
                     "target_forwards": e["target_forwards"]["mean"],
                     "forwards_saved": 1 - e["target_forwards"]["mean"] / ar_tf,
@@ -88,7 +90,7 @@ def speedup_layout(df: pd.DataFrame) -> str:
     batches = sorted(sp.batch.unique())
     out = []
     for mode, g in sp.groupby("mode", sort=False):
-        settings = ", ".join(f"{k}={v}" for k, v in MODES[mode].items())
+        settings = ", ".join(f"{k}={v}" for k, v in g.settings.iloc[0].items())
         out.append(f"**{mode}** ({settings})\n\n| gamma | acceptance | "
                    + " | ".join(f"bs={b}" for b in batches) + " |\n|---|---|" + "---|" * len(batches))
         for gamma, gg in sorted(g.groupby("gamma"), key=lambda x: -x[0]):
