@@ -33,7 +33,7 @@ toy-assets: $(STAMP)
 
 # Retrain the toy continuous world (PCA patch codec, MAR target and draft; about 40 min on 2 cores)
 toy-continuous-assets: $(STAMP)
-	$(VPY) -m coolsd.continuous.toy
+	$(VPY) -m coolsd.toy.continuous
 
 # CSpD on the toy continuous world: gamma x batch x mode, speed-up and toy_fid in results/toy_continuous/
 continuous-bench: $(STAMP)

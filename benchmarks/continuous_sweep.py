@@ -21,28 +21,31 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from coolsd.continuous.job import ContinuousMethod, continuous_summary, load_world
-from coolsd.job import make_grid, run_shard
+from coolsd.job import run_identity, run_shard
 from coolsd.records import save_png_atomic, write_json_atomic
 from coolsd.report.plots import pareto_plot
-from coolsd.report.sweep import ROOT, cpu_name, sweep_frame
+from coolsd.report.sweep import ROOT, sweep_frame
 from coolsd.runner import compose
-from coolsd.toy.job import summarize, toy_prompts
+from coolsd.summary import make_grid, results_table
+from coolsd.timing import cpu_name
+from coolsd.worlds import load_world
 
-# mode name -> ContinuousMethod settings; "exact"'s final_std (the smoothing s) is set by --exact-std
+# mode name -> cspd settings; "exact"'s final_std (the smoothing s) is set by --exact-std
 MODES = {"paper": dict(mode="paper", verify="parallel"),
          "official": dict(mode="paper", verify="parallel", inner_temperature=42.0),
          "exact": dict(mode="exact", verify="prefix")}
 
 
-def run_point(world, batch: int, mode: str, settings: dict, gammas, n: int, records: Path, seed: int):
-    runs = {"ar": ContinuousMethod("ar", **settings)}
-    runs.update({f"cspd_g{g}": ContinuousMethod("cspd", gamma=g, **settings) for g in gammas})
-    cfg = compose("target=toy_continuous", "method=cspd", f"batch_size={batch}", f"dataset.n_prompts={n}", f"seed={seed}")
-    identity = {"job": "continuous_sweep", "target": world.name, "methods": {t: m.describe() for t, m in runs.items()},
-                "seed": seed, "head": dataclasses.asdict(world.head), "n_prompts": n, "files": world.manifest}
-    outputs, prompts, _, failures = run_shard(world, runs, None, toy_prompts(n), cfg, records / f"b{batch}_{mode}", identity)
-    return continuous_summary(summarize(world, outputs, prompts), outputs), outputs, failures
+def run_point(world, batch: int, mode: str, settings: dict, gammas, n: int, records: Path, seed: int, threads: int):
+    """AR and every gamma of one mode in one run folder of the generation job (coolsd.job)."""
+    cspd = {f"cspd_g{g}": world.build_method("cspd", {"gamma": g, **settings}) for g in gammas}
+    runs = {"ar": next(iter(cspd.values())).baseline(), **cspd}
+    prompts = world.prompts(compose("target=toy_continuous", f"dataset.n_prompts={n}"))
+    identity = run_identity(world, runs, seed=seed, dataset={"name": "toy", "n_prompts": n, "offset": 0}, threads=threads,
+                            batch_size=batch)
+    outputs, prompts, failures = run_shard(world, runs, prompts, records / f"b{batch}_{mode}", identity, seed=seed,
+                                           batch_size=batch)
+    return results_table(type(world), outputs, prompts), outputs, failures
 
 
 def rows_of(table: dict, batch: int, mode: str) -> list[dict]:
@@ -121,13 +124,14 @@ def main(argv=None):
         raise SystemExit("--prompts needs one count per batch size")
     records = a.records or ROOT / "outputs" / "continuous_sweep" / time.strftime("%Y-%m-%d_%H-%M-%S")
     torch.set_num_threads(a.threads)
-    world = load_world(compose("target=toy_continuous", "method=cspd", *([f"target.assets={a.assets}"] if a.assets else [])))
+    cfg = compose("target=toy_continuous", "method=cspd", *([f"target.assets={a.assets}"] if a.assets else []))
+    world = load_world(cfg)
     t0 = time.perf_counter()
     rows, tables, grids = [], {}, []
     for batch, n in zip(batches, prompts):
         for mode in a.modes.split(","):
             settings = {**MODES[mode], **({"final_std": a.exact_std} if mode == "exact" else {})}
-            table, outputs, failures = run_point(world, batch, mode, settings, gammas, n, records, a.seed)
+            table, outputs, failures = run_point(world, batch, mode, settings, gammas, n, records, a.seed, a.threads)
             tables[f"b{batch}_{mode}"] = {"table": table, "failures": failures}
             rows += rows_of(table, batch, mode)
             if batch == batches[-1]:  # one AR row per distinct target-only sampling (exact: smoothed)
@@ -138,7 +142,7 @@ def main(argv=None):
            "modes": {m: {**MODES[m], **({"final_std": a.exact_std} if m == "exact" else {})} for m in a.modes.split(",")},
            "prompts": dict(zip(map(str, batches), prompts)), "threads": a.threads, "cpu": cpu_name(),
            "cores": os.cpu_count(), "torch": torch.__version__, "seed": a.seed, "records": str(records),
-           "generation_seconds": time.perf_counter() - t0, "files": world.manifest,
+           "generation_seconds": time.perf_counter() - t0, "files": world.files(),
            "speedup_reference": "ar (the target alone, sampled as the mode samples) in the same run folder, same prompts, "
                                 "interleaved per batch (paired by prompt)"}
     write_json_atomic({"env": env, "rows": rows, "runs": tables}, a.out / "summary.json")

@@ -74,7 +74,7 @@ def main(argv=None) -> dict:
     cfg = tiny() if a.tiny else GPT_XL
     torch.manual_seed(0)
     if a.gpt:
-        from coolsd.targets.llamagen import load_gpt
+        from coolsd.models.llamagen import load_gpt
 
         gpt = load_gpt(a.gpt, cfg, dtype, dev)
     else:

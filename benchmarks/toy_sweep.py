@@ -17,8 +17,8 @@ from pathlib import Path
 from coolsd.records import save_png_atomic, write_json_atomic
 from coolsd.report.plots import pareto_plot
 from coolsd.report.sweep import ROOT, ci_text, sweep_frame, toy_sweep
-from coolsd.job import make_grid
-from coolsd.toy.world import render_batch
+from coolsd.summary import make_grid
+from coolsd.toy.scenes import render_batch
 
 # (tag, method, params); one shared tree for every drafting method (fairness)
 SWEEP = [

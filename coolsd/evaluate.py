@@ -89,7 +89,7 @@ def build_scorers(metrics, *, clip=None, inception=None, coco_images=None, ir_ch
     if "fid" in metrics:
         from coolsd.metrics.inception import InceptionFeatureExtractor, default_inception_path
         from coolsd.metrics.reference import coco_image_files, reference_statistics
-        from coolsd.targets.files import file_identity
+        from coolsd.worlds.files import file_identity
 
         files = coco_image_files(coco_images)
         kw["inception"] = InceptionFeatureExtractor.from_file(inception, device=device)

@@ -1,35 +1,34 @@
-"""The generation job every image target shares: for each prompt, each method (and the AR
-baseline of the same target, same machine, same run) generates one image at batch 1; records
-and PNGs are written as they come (resumable), then a summary with 95% CIs of accepted length,
-latency, decode time and target forwards, and the speed-up against AR paired by prompt
-(METHODS.md 6). Image metrics of real targets come afterwards from records and PNGs
-(``python -m coolsd.evaluate``); the toy job adds its toy metrics (``coolsd.toy.job``).
+"""The one generation job, behind ``run.py``, the sweeps, ``make paper-table2``, ``make demo``,
+the benchmarks and ``coolsd.merge``: prompts -> batches -> ``world.generate`` -> per-sample
+records and PNGs (written as they come, resumable) -> one summary (``coolsd.summary``: speed and
+counters from the records, plus the world's quality), one grid, one printed table.
 
-A ``world`` (the toy world, ``coolsd.targets.llamagen.LlamaGenWorld``, ``...lumina.LuminaWorld``)
-provides ``gpt`` (the target network: its parameters' device), ``encoder.encode(captions)``,
-``vq.decode_uint8(tokens)``, ``target()`` (an ImageTarget: ``vocab_size``, ``n_image_tokens``),
-``drafter()``, ``neighbours`` and ``manifest``.
+Every method of a run (and its baseline, from the method registry) generates every prompt in
+batches of ``batch_size``, methods interleaved per batch so that machine noise hits all of them
+alike (latency ratios are measured side by side, METHODS.md 6). A prompt's seed comes from the
+run seed and its index, never from the order of work, so a resumed or sharded run writes the
+records an uninterrupted one-process run would (latencies aside); a batch equals its prompts
+generated alone in distribution, and bit for bit with ``deterministic.batch_invariant=true``.
 """
 from __future__ import annotations
 
-import dataclasses
-import time
 from pathlib import Path
-from types import SimpleNamespace
+from typing import Optional
 
 import numpy as np
 import torch
 from PIL import Image
 from tqdm import tqdm
 
-from coolsd.decoding.rng import PerSampleRNG
-from coolsd.drafting import SamplingConfig, build_drafter
-from coolsd.generate import NonFiniteLogits, speculative_generate
-from coolsd.methods import build_method
-from coolsd.records import RecordWriter, claim_run_dir, resume_records, save_png_atomic, write_json_atomic
+from coolsd.batch_invariant import batch_invariant
+from coolsd.generate import NonFiniteLogits
+from coolsd.records import RecordWriter, claim_run_dir, resume_records
 from coolsd.shards import Shard
-from coolsd.stats import mean_ci, ratio_ci
-from coolsd.timing import device_sync
+from coolsd.summary import GRID_COLUMNS, summarize, write_outputs
+from coolsd.timing import hardware_name
+from coolsd.worlds import world_class
+
+TIMING_KEYS = ("latency_s", "decode_s", "hardware")  # differ between processes and machines; nothing else may
 
 
 def prompt_seed(run_seed: int, index: int) -> int:
@@ -37,274 +36,198 @@ def prompt_seed(run_seed: int, index: int) -> int:
     return int(np.random.default_rng([run_seed, index]).integers(2**62))
 
 
-def generate_batch(world, method, sampling, captions: list, seeds: list):
-    """One batch of prompts (each with its own seed and its own accepted lengths: per-sample KV
-    commits), through the one generation loop. Equal to generating each prompt alone."""
-    target = world.target()
-    drafter = build_drafter(method, world.drafter() if method.drafter == "model" else None, sampling,
-                            target.vocab_size)
-    with torch.no_grad():
-        cond = world.encoder.encode(list(captions))
-        return speculative_generate(
-            target, target.n_image_tokens, PerSampleRNG(list(seeds)), rule=method.rule, drafter=drafter,
-            tree=method.tree, sampling=sampling, cond=cond, batch_size=len(seeds),
-            sync=device_sync(next(world.gpt.parameters()).device),
-        )
+def method_from_cfg(cfg) -> tuple[str, dict]:
+    from omegaconf import OmegaConf
+
+    m = OmegaConf.to_container(cfg.method, resolve=True)
+    return m.pop("name"), m
 
 
-def generate_one(world, method, sampling, caption: str, seed: int):
-    return generate_batch(world, method, sampling, [caption], [seed])
+def job_methods(world, cfg) -> dict:
+    """{tag: method}: the configured method and, first, its baseline from the registry (unless it
+    is ``ar``, ``baseline=false`` or the world runs none)."""
+    name, params = method_from_cfg(cfg)
+    method = world.build_method(name, params, cfg.tree.name, cfg.tree.get("draft_length"))
+    if name == "ar" or not cfg.get("baseline", True) or not world.baseline:
+        return {name: method}
+    return {"ar": method.baseline(), name: method}
 
 
-def generate_records(world, method, sampling, scenes, idxs: list[int], seeds: list[int], tag: str):
-    """A batch of prompts -> [(record, uint8 image)]. ``latency_s`` is the batch's wall time (what
-    each of its images waited), ``decode_s`` its VQ decode time; ``batch_size`` says which."""
-    res = generate_batch(world, method, sampling, [s.caption for s in scenes], seeds)
-    sync = device_sync(res.tokens.device)
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        imgs = world.vq.decode_uint8(res.tokens)
-    sync()
-    decode_s = time.perf_counter() - t0
-    B = len(seeds)
-    return [({"prompt_index": idx, "caption": sc.caption, "seed": seed, "method": tag, "params": method.describe(),
-              "round_lengths": res.round_lengths[b], "accepted_length": res.accepted_length(b),
-              "target_forwards": res.target_forwards[b], "draft_forwards": res.draft_forwards,
-              "latency_s": res.seconds, "decode_s": decode_s, **({"batch_size": B} if B > 1 else {})}, imgs[b])
-            for b, (sc, idx, seed) in enumerate(zip(scenes, idxs, seeds))]
+def run_identity(world, methods: dict, *, seed: int, dataset: dict, threads: int, batch_size: int = 1,
+                 shard: Shard = Shard(), invariant: bool = False, method: Optional[str] = None) -> dict:
+    """What binds a run folder (``run.json``): target, its files and sampling settings, methods,
+    seed, prompts, threads; the batch size (latencies depend on it) and the shard count."""
+    return {"target": world.name, "world": world.files(), "settings": world.settings(),
+            "methods": {t: m.describe() for t, m in methods.items()}, **({"method": method} if method else {}),
+            "seed": int(seed), "dataset": dataset, "device": str(world.device), "threads": int(threads),
+            **shard.identity(), **({"batch_size": batch_size} if batch_size > 1 else {}),
+            **({"batch_invariant": True} if invariant else {})}
 
 
-def generate_record(world, method, sampling, scene, idx: int, seed: int, tag: str):
-    """One prompt at batch 1 -> (record, uint8 image)."""
-    return generate_records(world, method, sampling, [scene], [idx], [seed], tag)[0]
+def generate_records(world, method, prompts: list, idxs: list[int], seeds: list[int], tag: str) -> list:
+    """A batch of prompts -> [(record, uint8 image or None)]. ``latency_s`` is the batch's wall
+    time (what each of its images waited); ``batch_size`` says which batch."""
+    samples = world.generate(method, prompts, seeds)
+    B, hw = len(seeds), hardware_name(world.device)
+    return [({"prompt_index": idx, "caption": p.caption, "seed": seed, "method": tag, "params": method.describe(),
+              **s.fields, "hardware": hw, **({"batch_size": B} if B > 1 else {})}, s.image)
+            for s, p, idx, seed in zip(samples, prompts, idxs, seeds)]
 
 
-def records_or_failures(world, method, sampling, scenes, idxs, seeds, tag):
+def records_or_failures(world, method, prompts, idxs, seeds, tag) -> list:
     """``generate_records``; if the target's logits turn non-finite, the batch is split and the
-    failing prompt gets an error record (no image) naming prompt and position. A world with
-    its own generation (``records``: the continuous targets) generates the batch itself."""
-    if hasattr(world, "records"):
-        return world.records(method, sampling, scenes, idxs, seeds, tag)
+    failing prompt gets an error record (no image) naming prompt and position."""
     try:
-        return generate_records(world, method, sampling, scenes, idxs, seeds, tag)
+        return generate_records(world, method, prompts, idxs, seeds, tag)
     except NonFiniteLogits as e:
-        if len(scenes) > 1:
-            return [r for k in range(len(scenes))
-                    for r in records_or_failures(world, method, sampling, scenes[k:k + 1], idxs[k:k + 1], seeds[k:k + 1], tag)]
+        if len(prompts) > 1:
+            return [r for k in range(len(prompts))
+                    for r in records_or_failures(world, method, prompts[k:k + 1], idxs[k:k + 1], seeds[k:k + 1], tag)]
         print(f"prompt {idxs[0]} ({tag}): {e}; recorded as failed, the run goes on")
-        return [({"prompt_index": idxs[0], "caption": scenes[0].caption, "seed": seeds[0], "method": tag,
+        return [({"prompt_index": idxs[0], "caption": prompts[0].caption, "seed": seeds[0], "method": tag,
                   "params": method.describe(), "error": f"non-finite target logits at image token {e.position}"}, None)]
 
 
-def run_methods(world, methods: dict, sampling, scenes, run_seed, writer: RecordWriter, indices: list[int],
-                done: list[dict] | None = None, batch_size: int = 1, failures: dict | None = None):
-    """Every method on every prompt (``indices``: each scene's prompt index), in batches of
-    ``batch_size`` prompts, methods interleaved per batch so that machine noise hits all of them
-    alike (latency ratios are measured side by side). ``done``: records of an interrupted run in
-    the same folder; their (method, prompt) pairs are skipped, and since every prompt's seed
-    comes from the run seed and its index (and a batch equals its prompts run alone), the resumed
-    records equal an uninterrupted run's (latencies aside). Returns {tag: (records, uint8
-    images)} in prompt order, images read back from the PNGs for resumed samples, over the
-    prompts where every method succeeded; ``failures`` (if given) gets {tag: failed prompt indices}."""
-    have = {(r["method"], r["prompt_index"]): r for r in (done or [])}
-    n_todo = sum((tag, indices[i]) not in have for i in range(len(scenes)) for tag in methods)
-    if n_todo:
-        for tag, m in methods.items():  # warm-up at the run's batch size, excluded
-            k = min(batch_size, len(scenes))
-            if hasattr(world, "records"):  # a world with its own generation (coolsd.continuous.job)
-                world.records(m, sampling, scenes[:k], list(range(k)), list(range(k)), tag)
-            else:
-                generate_batch(world, m, sampling, [sc.caption for sc in scenes[:k]], list(range(k)))
-    fresh = {}
-    with tqdm(total=len(scenes) * len(methods), initial=len(scenes) * len(methods) - n_todo,
-              desc="samples", unit="img") as bar:
-        for start in range(0, len(scenes), batch_size):
-            for tag in methods:
-                pos = [i for i in range(start, min(start + batch_size, len(scenes))) if (tag, indices[i]) not in have]
-                if not pos:
-                    continue
-                idxs = [indices[i] for i in pos]
-                out = records_or_failures(world, methods[tag], sampling, [scenes[i] for i in pos], idxs,
-                                          [prompt_seed(run_seed, idx) for idx in idxs], tag)
-                for idx, (rec, img) in zip(idxs, out):
-                    rec = writer.append(rec, img, f"{tag}/{idx:05d}.png") if img is not None else writer.append(rec)
-                    fresh[(tag, idx)] = (rec, img)
-                bar.update(len(pos))
+def kept_images(world_cls) -> Optional[int]:
+    """How many images per method a run keeps in memory: all where the world's quality reads
+    them (the toy worlds' 32 px images), else the grid's first ``GRID_COLUMNS``."""
+    return None if world_cls.quality_reads_images else GRID_COLUMNS
+
+
+def read_image(folder: Path, record: dict) -> np.ndarray:
+    return np.asarray(Image.open(folder / record["image"]).convert("RGB"))
+
+
+def collect(world_cls, methods, records: dict, folder: Path, positions: list[int], fresh_images: dict) -> dict:
+    """{tag: (records, images)} in prompt order over ``positions`` (prompt indices), images from
+    memory or read back from the PNGs (``kept_images`` of them), None for worlds without images."""
+    keep = kept_images(world_cls)
     out = {}
-    records = {**have, **{k: rec for k, (rec, _) in fresh.items()}}
-    errors = {tag: sorted(idx for (t, idx), r in records.items() if t == tag and "error" in r) for tag in methods}
-    failed = {idx for v in errors.values() for idx in v}
-    if failures is not None:
-        failures.update(errors)
     for tag in methods:
-        rows, imgs = [], []
-        for i in range(len(scenes)):
-            if indices[i] in failed:  # summaries compare methods on the prompts where all succeeded
-                continue
-            key = (tag, indices[i])
-            if key in fresh:
-                rec, img = fresh[key]
-            else:
-                rec = have[key]
-                img = np.asarray(Image.open(writer.dir / rec["image"]).convert("RGB"))
-            rows.append(rec)
-            imgs.append(img)
-        out[tag] = (rows, np.stack(imgs) if imgs else None)  # None: a shard without prompts
+        rows = [records[(tag, p)] for p in positions]
+        imgs = None
+        if world_cls.makes_images and rows:
+            take = rows if keep is None else rows[:keep]
+            imgs = np.stack([fresh_images[(tag, r["prompt_index"])] if (tag, r["prompt_index"]) in fresh_images
+                             else read_image(folder, r) for r in take])
+        out[tag] = (rows, imgs)
     return out
 
 
-def make_grid(rows: list[np.ndarray], scale: int = 3, labels: list[str] | None = None) -> np.ndarray:
-    """Rows of equal-size images -> one uint8 image, nearest-neighbour upscaled, each row
-    optionally labelled on the left (method names)."""
-    h, w = rows[0].shape[1:3]
-    n = max(len(r) for r in rows)
-    out = np.full((len(rows) * (h + 2), n * (w + 2), 3), 255, np.uint8)
-    for i, r in enumerate(rows):
-        for j, im in enumerate(r):
-            out[i * (h + 2) : i * (h + 2) + h, j * (w + 2) : j * (w + 2) + w] = im
-    out = out.repeat(scale, 0).repeat(scale, 1)
-    if not labels:
-        return out
-    from PIL import Image, ImageDraw
+def run_methods(world, methods: dict, prompts: list, indices: list[int], run_seed: int, writer: RecordWriter,
+                done: list[dict] | None = None, batch_size: int = 1) -> tuple[dict, dict]:
+    """Every method on every prompt (``indices``: each prompt's index), in batches of
+    ``batch_size``, methods interleaved per batch. ``done``: records of an interrupted run in
+    the same folder, whose (method, prompt) pairs are skipped. Returns (outputs {tag:
+    (records, images)} over the prompts where every method succeeded, {tag: failed prompt
+    indices})."""
+    have = {(r["method"], r["prompt_index"]): r for r in (done or [])}
+    n_todo = sum((tag, indices[i]) not in have for i in range(len(prompts)) for tag in methods)
+    if n_todo:
+        for tag, m in methods.items():  # warm-up at the run's batch size, excluded
+            k = min(batch_size, len(prompts))
+            world.generate(m, prompts[:k], list(range(k)))
+    keep = kept_images(type(world))
+    fresh = {}
+    with tqdm(total=len(prompts) * len(methods), initial=len(prompts) * len(methods) - n_todo,
+              desc="samples", unit="img") as bar:
+        for start in range(0, len(prompts), batch_size):
+            for tag in methods:
+                pos = [i for i in range(start, min(start + batch_size, len(prompts))) if (tag, indices[i]) not in have]
+                if not pos:
+                    continue
+                idxs = [indices[i] for i in pos]
+                out = records_or_failures(world, methods[tag], [prompts[i] for i in pos], idxs,
+                                          [prompt_seed(run_seed, idx) for idx in idxs], tag)
+                for i, idx, (rec, img) in zip(pos, idxs, out):
+                    rec = writer.append(rec, img, f"{tag}/{idx:05d}.png") if img is not None else writer.append(rec)
+                    have[(tag, idx)] = rec
+                    if img is not None and (keep is None or i < keep):
+                        fresh[(tag, idx)] = img
+                bar.update(len(pos))
+    failures = {tag: sorted(idx for (t, idx), r in have.items() if t == tag and "error" in r and idx in set(indices))
+                for tag in methods}
+    failed = {idx for v in failures.values() for idx in v}
+    ok = [idx for idx in indices if idx not in failed]  # methods are compared on the prompts all completed
+    return collect(type(world), methods, have, writer.dir, ok, fresh), {t: v for t, v in failures.items() if v}
 
-    margin = 8 + 7 * max(len(t) for t in labels)
-    canvas = Image.new("RGB", (out.shape[1] + margin, out.shape[0]), "white")
-    canvas.paste(Image.fromarray(out), (margin, 0))
-    draw = ImageDraw.Draw(canvas)
-    for i, text in enumerate(labels):
-        draw.text((4, i * (h + 2) * scale + (h * scale) // 2 - 5), text, fill="black")
-    return np.asarray(canvas)
 
-
-def run_shard(world, runs: dict, sampling, prompts: list, cfg, out_dir: Path, identity: dict):
+def run_shard(world, methods: dict, prompts: list, out_dir: Path, identity: dict, *, seed: int, offset: int = 0,
+              batch_size: int = 1, shard: Shard = Shard()):
     """Claim the run folder, resume this shard's records and generate the rest. Returns
-    (outputs as ``run_methods``, the prompts they cover, shard, {tag: failed prompt indices}).
-    With ``shard.count`` > 1 the outputs cover this shard's prompts only; the summary comes from
-    ``coolsd.merge``."""
-    shard = Shard.from_cfg(cfg)  # validated before any work
-    batch = int(cfg.get("batch_size", 1))
-    if batch < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch}")
-    # latencies depend on the batch size: a folder holds one batch size (tokens would not differ)
-    identity = {**identity, **shard.identity(), **({"batch_size": batch} if batch > 1 else {})}
-    offset = int(cfg.dataset.offset)
+    (outputs, the prompts they cover, failures); with ``shard.count`` > 1 they cover this
+    shard's prompts only (the summary comes from ``coolsd.merge``)."""
     done = resume_records(out_dir, shard.records_name) if claim_run_dir(out_dir, identity) else []
     positions = shard.select(len(prompts))
     if done:
-        print(f"resuming {out_dir}: {len(done)} of {len(positions) * len(runs)} samples already there")
+        print(f"resuming {out_dir}: {len(done)} of {len(positions) * len(methods)} samples already there")
     mine = [prompts[i] for i in positions]
-    failures: dict = {}
-    outputs = run_methods(world, runs, sampling, mine, cfg.seed, RecordWriter(out_dir, shard.records_name),
-                          [offset + i for i in positions], done=done, batch_size=batch, failures=failures)
+    outputs, failures = run_methods(world, methods, mine, [offset + i for i in positions], seed,
+                                    RecordWriter(out_dir, shard.records_name), done=done, batch_size=batch_size)
     kept = {r["prompt_index"] for r in next(iter(outputs.values()))[0]} if outputs else set()
-    mine = [p for i, p in zip(positions, mine) if offset + i in kept]  # prompts every method completed
-    if shard.count > 1:
-        print(f"shard {shard.index} of {shard.count} done ({len(mine)} prompts); when every shard is done: "
-              f"python -m coolsd.merge {out_dir}")
-    return outputs, mine, shard, {t: v for t, v in failures.items() if v}
+    return outputs, [p for i, p in zip(positions, mine) if offset + i in kept], failures
 
 
-def run_logged_shard(world, runs: dict, sampling, prompts: list, cfg, out_dir: Path, identity: dict, job: str,
-                     log_name: str):
-    """The logger (made before any work, so a missing optional extra fails first) and
-    ``run_shard``. Returns (logger, outputs, prompts, failures, done): ``done`` is the job's
-    return value for a shard of several (the summary comes from ``coolsd.merge``), else None."""
+def job_settings(cfg) -> tuple[Shard, int, int, bool]:
+    """(shard, batch_size, threads, batch_invariant) of a job config, validated before any work."""
+    shard = Shard.from_cfg(cfg)
+    batch, threads = int(cfg.get("batch_size", 1)), int(cfg.get("threads", 1))
+    if batch < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch}")
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    return shard, batch, threads, bool((cfg.get("deterministic") or {}).get("batch_invariant", False))
+
+
+def check_method(world_cls, cfg) -> None:
+    """The method's name, family and parameter names, before anything loads."""
+    from coolsd.methods import build_method, method_families, method_params
+
+    name, params = method_from_cfg(cfg)
+    if world_cls.family not in method_families(name):
+        build_method(name, family=world_cls.family)  # the registry's error, listing this family's methods
+    unknown = sorted(set(params) - set(method_params(name)))
+    if unknown:
+        raise ValueError(f"method {name!r} has no parameter(s) {unknown}; its parameters: {sorted(method_params(name))}")
+
+
+def run_job(cfg, out_dir: Path, world=None) -> dict:
+    """The job of one composed config (``run.py``): validate, load the world (unless given,
+    e.g. one loaded target for every row of a sweep), generate, summarise. A shard of several
+    returns its shard info; ``python -m coolsd.merge`` writes the summary."""
     from omegaconf import OmegaConf
 
     from coolsd.tracking import make_logger
+    from coolsd.worlds.files import require_files
 
-    logger = make_logger(cfg.get("logger"), OmegaConf.to_container(cfg, resolve=True), name=log_name)
-    outputs, prompts, shard, failures = run_shard(world, runs, sampling, prompts, cfg, out_dir, identity)
+    shard, batch, threads, invariant = job_settings(cfg)
+    world_cls = world_class(cfg.target.name) if world is None else type(world)
+    check_method(world_cls, cfg)
+    require_files(cfg.target.name, world_cls.missing_files(cfg))  # every missing file at once, before any work
+    prompts = world_cls.prompts(cfg)
+    torch.set_num_threads(threads)
+    world = world or world_cls.load(cfg)
+    methods = job_methods(world, cfg)
+    dataset = world_cls.dataset(cfg)
+    identity = run_identity(world, methods, seed=cfg.seed, dataset=dataset, threads=threads, batch_size=batch,
+                            shard=shard, invariant=invariant, method=list(methods)[-1])
+    logger = make_logger(cfg.get("logger"), OmegaConf.to_container(cfg, resolve=True),
+                         name=f"{world.name}/{list(methods)[-1]}/{out_dir.name}")  # a missing extra fails here
+    with batch_invariant(invariant):
+        outputs, prompts, failures = run_shard(world, methods, prompts, out_dir, identity, seed=cfg.seed,
+                                               offset=int(dataset.get("offset", 0)), batch_size=batch, shard=shard)
     if shard.count > 1:
         logger.finish()
-        return logger, outputs, prompts, failures, {"job": job, "shard": shard.index, "shards": shard.count,
-                                                    "n_prompts": len(prompts)}
-    return logger, outputs, prompts, failures, None
-
-
-def log_and_finish(logger, table: dict, outputs: dict, captions: list, grid: Path) -> None:
-    """The summary table, every method's images and the grid to the tracker; then close it."""
-    logger.log_summary(table)
+        print(f"shard {shard.index} of {shard.count} done ({len(prompts)} prompts); when every shard is done: "
+              f"python -m coolsd.merge {out_dir}")
+        return {"target": world.name, "shard": shard.index, "shards": shard.count, "n_prompts": len(prompts)}
+    summary = summarize(world_cls, identity, outputs, prompts, failures)
+    lines = write_outputs(world_cls, summary, outputs, out_dir, world.reference_images(prompts[:GRID_COLUMNS]))
+    logger.log_summary(summary["results"])
     for tag, (_, imgs) in outputs.items():
-        logger.log_images(tag, imgs, captions)
-    logger.log_files([grid])
+        if imgs is not None:
+            logger.log_images(tag, imgs, [p.caption for p in prompts])
+    logger.log_files([p for p in [out_dir / "grid.png"] if p.exists()])
     logger.finish()
-
-
-def speed_summary(outputs: dict) -> dict:
-    """Per method tag: accepted length, latency, decode time, target forwards (95% t-CIs over
-    prompts) and, where ``ar`` ran on the same prompts, the speed-up (paired bootstrap)."""
-    table = {}
-    for tag, (rows, _) in outputs.items():
-        lat = [x["latency_s"] for x in rows]
-        e = {
-            "params": rows[0]["params"],
-            "accepted_length": mean_ci([x["accepted_length"] for x in rows]),
-            "latency_s": mean_ci(lat),
-            "decode_s": mean_ci([x["decode_s"] for x in rows]),
-            "target_forwards": mean_ci([x["target_forwards"] for x in rows]),
-            # throughput at the run's batch size: images per second of generation
-            "images_per_s": mean_ci([x.get("batch_size", 1) / x["latency_s"] for x in rows]),
-        }
-        if "ar" in outputs:
-            e["speedup"] = ratio_ci([x["latency_s"] for x in outputs["ar"][0]], lat, paired=True)
-            e["speedup_per_accepted_length"] = e["speedup"]["mean"] / e["accepted_length"]["mean"]
-        table[tag] = e
-    return table
-
-
-def job_methods(cfg, method_name: str, params: dict, tree: str, draft_length, neighbours) -> dict:
-    """{tag: Method}: the configured method, and AR first unless it is AR or ``baseline=false``."""
-    method = build_method(method_name, tree=tree, draft_length=draft_length, neighbours=neighbours, **params)
-    if method_name == "ar" or not cfg.get("baseline", True):
-        return {method_name: method}
-    return {"ar": build_method("ar"), method_name: method}
-
-
-def coco_or_toy_prompts(d) -> list:
-    """Prompt objects with ``.caption`` for the configured data set (``dataset.name``)."""
-    if d.name == "coco2017val":
-        from coolsd.prompts.coco import load_coco_prompts
-
-        return [SimpleNamespace(**p) for p in load_coco_prompts(d.captions, int(d.n_prompts), int(d.offset),
-                                                                  cache_dir=Path(d.cache_dir))]
-    if d.name == "toy":
-        from coolsd.toy.job import toy_prompts
-
-        return toy_prompts(int(d.n_prompts), int(d.offset))
-    raise ValueError(f"unknown dataset {d.name!r}; valid: coco2017val, toy")
-
-
-def run_image_target(cfg, world, method_name: str, params: dict, tree: str, draft_length, out_dir: Path,
-                     device: str) -> dict:
-    """The job for a real target: records, PNGs, a grid and ``summary.json`` (speed numbers;
-    image metrics via ``python -m coolsd.evaluate``)."""
-    runs = job_methods(cfg, method_name, params, tree, draft_length, world.neighbours)
-    sampling = SamplingConfig.resolve(cfg.target.get("sampling"), cfg.get("sampling"))
-    d = cfg.dataset
-    prompts = coco_or_toy_prompts(d)
-    target_name = cfg.target.get("name", cfg.target.kind)
-    identity = {"job": "image_target", "target": target_name, "methods": {t: m.describe() for t, m in runs.items()},
-                "seed": int(cfg.seed), "sampling": dataclasses.asdict(sampling), "cfg_scale": float(cfg.target.cfg_scale),
-                "dataset": {"name": d.name, "n_prompts": int(d.n_prompts), "offset": int(d.offset)},
-                "files": world.manifest}
-    logger, outputs, prompts, failures, done = run_logged_shard(world, runs, sampling, prompts, cfg, out_dir, identity,
-                                                                "image_target", f"{target_name}/{method_name}/{out_dir.name}")
-    if done:
-        return done
-    table = speed_summary(outputs)
-    summary = {"job": "image_target", "target": target_name, "method": runs[method_name].describe(),
-               "n_prompts": len(prompts), "sampling": dataclasses.asdict(sampling), "device": device,
-               "gpu": torch.cuda.get_device_name() if device.startswith("cuda") and torch.cuda.is_available() else None,
-               "batch_size": int(cfg.get("batch_size", 1)),
-               "speedup_reference": "ar on the same prompts, same machine, same run (same batch size)",
-               "failures": failures, "results": table}
-    write_json_atomic(summary, out_dir / "summary.json")
-    save_png_atomic(make_grid([outputs[t][1][:8] for t in outputs], scale=1, labels=list(outputs)), out_dir / "grid.png")
-    log_and_finish(logger, table, outputs, [p.caption for p in prompts], out_dir / "grid.png")
-    for tag, e in table.items():
-        sp = e.get("speedup")
-        print(f"{tag:<12} accepted length {e['accepted_length']['mean']:.3f}  latency {e['latency_s']['mean']:.3f} s"
-              + (f"  speed-up {sp['mean']:.3f} [{sp['ci95'][0]:.3f}, {sp['ci95'][1]:.3f}]" if sp else ""))
-    print(f"wrote {out_dir}/summary.json, samples.jsonl, images/, grid.png; image metrics: python -m coolsd.evaluate {out_dir}")
+    print("\n".join(lines))
     return summary

@@ -18,10 +18,11 @@ import json
 import shutil
 from pathlib import Path
 
+from coolsd.job import TIMING_KEYS, collect
 from coolsd.records import identity_diff, read_records, write_json_atomic
 from coolsd.shards import SHARD_FILE
-
-TIMING_KEYS = ("latency_s", "decode_s")  # differ between processes; everything else must not
+from coolsd.summary import summarize, summary_lines
+from coolsd.worlds import world_class
 
 
 def _identity(folder: Path) -> dict:
@@ -95,41 +96,29 @@ def merge(folder, sources=(), partial: bool = False) -> dict:
     tmp.replace(folder / "samples.jsonl")
     failed = {t: [p for p in complete if "error" in by_key[(t, p)][0]] for t in methods}
     ok = [p for p in complete if not any(p in v for v in failed.values())]  # compared where all succeeded
-    summary = summarize_records(folder, ident, [r for r in records if r["prompt_index"] in set(ok)], ok)
-    summary.update(merged_shards=count, prompts_complete=len(complete), prompts_missing=missing,
-                   failures={t: v for t, v in failed.items() if v})
+    summary = summarize_records(folder, ident, {k: r for k, (r, _) in by_key.items()}, ok,
+                                {t: v for t, v in failed.items() if v})
+    summary.update(merged_shards=count, prompts_complete=len(complete), prompts_missing=missing)
     write_json_atomic(summary, folder / "summary.json")
     return summary
 
 
-def summarize_records(folder: Path, ident: dict, records: list[dict], prompts: list[int]) -> dict:
-    """The run's summary from merged records: speed numbers for every job; the toy metrics too."""
-    import numpy as np
-    from PIL import Image
+def summarize_records(folder: Path, ident: dict, records: dict, prompts: list[int], failures: dict) -> dict:
+    """The run's summary from merged records, by the code the one-process job uses
+    (``coolsd.summary.summarize``), the world's quality included (the toy worlds read their
+    images back)."""
+    world_cls = world_class(ident["target"])
+    outputs = collect(world_cls, ident["methods"], records, folder, prompts, {})
+    ds = ident["dataset"]
+    pool = []
+    if prompts and world_cls.quality_reads_images:  # the prompts themselves (toy scenes) only where quality reads them
+        from coolsd.prompts import load_prompts
 
-    from coolsd.job import speed_summary
-
-    if not prompts:
-        return {"job": ident["job"], "results": {}}
-    toy = ident["job"] == "toy"  # only the toy metrics read the images back
-    outputs = {}
-    for tag in ident["methods"]:
-        rows = [r for r in records if r["method"] == tag]
-        imgs = np.stack([np.asarray(Image.open(folder / r["image"]).convert("RGB")) for r in rows]) if toy else None
-        outputs[tag] = (rows, imgs)
-    if toy:
-        from coolsd.toy.assets import load_toy_world
-        from coolsd.toy.job import summarize, toy_prompts
-
-        world = load_toy_world(cfg_scale=ident["cfg_scale"])
-        if world.manifest["sha256"] != ident["assets"]:
-            raise ValueError(f"{folder} was generated with other toy weights than the installed ones")
-        pool = toy_prompts(max(prompts) + 1)
-        table = summarize(world, outputs, [pool[p] for p in prompts])
-    else:
-        table = speed_summary(outputs)
-    return {"job": ident["job"], "method": ident["methods"], "n_prompts": len(prompts), "batch_size": ident.get("batch_size", 1),
-            "speedup_reference": "ar on the same prompts, same run (merged shards)", "results": table}
+        pool = load_prompts({**ds, "n_prompts": max(prompts) + 1 - int(ds.get("offset", 0))})
+    chosen = [pool[p - int(ds.get("offset", 0))] for p in prompts] if pool else [None] * len(prompts)
+    summary = summarize(world_cls, ident, outputs, chosen, failures)
+    summary["speedup_reference"] += " (merged shards)"
+    return summary
 
 
 def main(argv=None) -> dict:
@@ -139,12 +128,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--partial", action="store_true", help="summarise the complete prompts even if some are missing")
     a = ap.parse_args(argv)
     s = merge(a.run, a.sources, a.partial)
+    print("\n".join(summary_lines(world_class(s["target"]), s["results"])))
     print(f"merged {s['merged_shards']} shard(s): {s['prompts_complete']} complete prompts"
           + (f", {len(s['prompts_missing'])} missing" if s["prompts_missing"] else "") + f" -> {a.run}/summary.json")
-    for tag, e in s["results"].items():
-        sp = e.get("speedup")
-        print(f"{tag:<14} accepted length {e['accepted_length']['mean']:.3f}"
-              + (f"  speed-up {sp['mean']:.3f} [{sp['ci95'][0]:.3f}, {sp['ci95'][1]:.3f}]" if sp else ""))
     return s
 
 

@@ -14,6 +14,10 @@ from typing import Any, Optional, Protocol, runtime_checkable
 
 import torch
 
+# Continuous-token models (``coolsd.continuous.generate``) take class labels; this label asks for
+# the unconditional branch of classifier-free guidance (MAR's ``fake_latent``).
+NULL_LABEL = -1
+
 
 @dataclass
 class StepOut:

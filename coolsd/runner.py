@@ -29,12 +29,6 @@ def compose(*overrides) -> DictConfig:
         return hydra_compose("config", overrides=list(overrides))
 
 
-def method_from_cfg(cfg: DictConfig) -> tuple[str, dict]:
-    m = OmegaConf.to_container(cfg.method, resolve=True)
-    name = m.pop("name")
-    return name, m
-
-
 def output_dir(cfg: DictConfig) -> Path:
     if cfg.get("out_dir"):
         return Path(cfg.out_dir)
@@ -44,43 +38,7 @@ def output_dir(cfg: DictConfig) -> Path:
 
 
 def run(cfg: DictConfig) -> dict:
-    from coolsd.shards import Shard
+    """The one generation job (``coolsd.job.run_job``) for every target and method."""
+    from coolsd.job import run_job
 
-    Shard.from_cfg(cfg)  # a bad shard is an error before anything loads
-    name, params = method_from_cfg(cfg)
-    tree, draft_length = cfg.tree.name, cfg.tree.get("draft_length")
-    kind = cfg.target.kind
-    continuous = kind in ("toy_continuous", "mar")
-    if (name == "cspd") != (continuous and name != "ar"):
-        raise ValueError(f"method={name} cannot run on target kind {kind!r}: method=cspd (continuous speculative "
-                         f"decoding) needs a continuous target (target=toy_continuous, mar_h, mar_l), which run "
-                         f"method=cspd or method=ar")
-    if continuous:
-        from coolsd.continuous.job import run_continuous
-
-        return run_continuous(cfg, name, params, output_dir(cfg))
-    if kind == "tabular":
-        from coolsd.theory.job import run_lab
-
-        return run_lab(cfg, name, params, tree, draft_length, output_dir(cfg))
-    if kind == "toy":
-        from coolsd.toy.job import run_toy
-
-        return run_toy(cfg, name, params, tree, draft_length, output_dir(cfg))
-    if kind == "llamagen":
-        from coolsd.job import run_image_target
-        from coolsd.targets.llamagen import load_llamagen_world, require_files
-
-        target_name = cfg.target.get("name", kind)
-        require_files(target_name, cfg.target, cfg.get("draft"))  # before any work: every missing file at once
-        device = cfg.target.get("device", "cuda")
-        world = load_llamagen_world(target_name, cfg.target, cfg.get("draft"), device=device)
-        return run_image_target(cfg, world, name, params, tree, draft_length, output_dir(cfg), device)
-    if kind == "lumina":
-        from coolsd.job import run_image_target
-        from coolsd.targets.lumina import load_lumina_world
-
-        device = cfg.target.get("device", "cuda")
-        world = load_lumina_world(cfg.target.get("name", kind), cfg.target, cfg.get("draft"), device=device)
-        return run_image_target(cfg, world, name, params, tree, draft_length, output_dir(cfg), device)
-    raise ValueError(f"unknown target kind {kind!r}; valid: tabular, toy, llamagen, lumina, toy_continuous, mar")
+    return run_job(cfg, output_dir(cfg))

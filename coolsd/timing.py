@@ -16,3 +16,25 @@ def device_sync(device) -> Callable[[], None]:
     if device.type == "mps":
         return torch.mps.synchronize
     return lambda: None
+
+
+def cpu_name() -> str:
+    """The CPU model (``/proc/cpuinfo``), or what ``platform`` knows."""
+    import platform
+    from pathlib import Path
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def hardware_name(device) -> str:
+    """What measured a latency: the GPU's name on CUDA, else the CPU model."""
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_name(device)
+    return cpu_name()

@@ -1,3 +1,6 @@
+"""Shared fixtures: ``compose`` (the job config of some overrides), tiny worlds by name (files of
+the real classes in the official layouts, built once per session: ``world_overrides``), and the
+theory lab's pair. The factories behind them are in ``factories.py``."""
 import pytest
 import torch
 
@@ -5,7 +8,8 @@ import torch
 # machine OpenMP spin-waits made tiny-model tests ~50x slower.
 torch.set_num_threads(1)
 
-from coolsd.theory import TabularAR
+import factories  # noqa: E402
+from coolsd.theory import TabularAR  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -14,3 +18,46 @@ def lab_pair():
     P = TabularAR.random(3, 4, seed=0)
     R = TabularAR.random(3, 4, seed=1)
     return P, TabularAR.mix(P, R, 0.5)
+
+
+@pytest.fixture(scope="session")
+def compose():
+    return factories.compose
+
+
+@pytest.fixture(scope="session")
+def llamagen_files(tmp_path_factory):
+    return factories.write_llamagen_files(tmp_path_factory.mktemp("llamagen"))
+
+
+@pytest.fixture(scope="session")
+def lumina_files(tmp_path_factory):
+    return factories.write_lumina_files(tmp_path_factory.mktemp("lumina"))
+
+
+@pytest.fixture(scope="session")
+def mar_files(tmp_path_factory):
+    return factories.write_mar_files(tmp_path_factory.mktemp("mar"))
+
+
+@pytest.fixture(scope="session")
+def toy_continuous_assets(tmp_path_factory):
+    return factories.build_tiny_toy_continuous(tmp_path_factory.mktemp("continuous_assets"))
+
+
+@pytest.fixture(scope="session")
+def world_overrides(request):
+    """name -> the Hydra overrides that run registered world ``name`` on tiny files (built on
+    first use); the toy world runs its shipped weights."""
+    def get(name: str) -> list[str]:
+        if name in ("llamagen_xl", "llamagen_xl_512"):
+            return [f"target={name}", *factories.llamagen_overrides(request.getfixturevalue("llamagen_files"))]
+        if name == "lumina_mgpt":
+            return [f"target={name}", *factories.lumina_overrides(request.getfixturevalue("lumina_files"))]
+        if name in ("mar_h", "mar_l"):
+            return [f"target={name}", *factories.mar_overrides(request.getfixturevalue("mar_files"))]
+        if name == "toy_continuous":
+            return [f"target={name}", *factories.toy_continuous_overrides(request.getfixturevalue("toy_continuous_assets"))]
+        return [f"target={name}"]
+
+    return get

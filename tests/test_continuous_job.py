@@ -3,35 +3,24 @@ and ``target=mar_h``): records with CSpD's counters, images, summary with speed-
 metrics, resume after an interruption, batch = single, the MAR adapter on tiny random
 checkpoint files of the real classes (strict loading, the VAE decoding), and clear errors for
 mismatched method/target and missing files."""
-import argparse
-import dataclasses
 import json
 
 import numpy as np
 import pytest
-import torch
 
-from coolsd.batch_invariant import batch_invariant
-from coolsd.continuous.toy import FILES, MANIFEST, TOY_DRAFT, TOY_TARGET, build, load_toy_continuous
-from coolsd.models.kl16_vae import KLVAE, KLVAEConfig
-from coolsd.models.mar import MAR, MARConfig
-from coolsd.runner import compose, run
+from coolsd.runner import run
+from coolsd.toy.continuous import FILES, MANIFEST, load_toy_continuous
+from factories import compose, mar_overrides, toy_continuous_overrides
 
 
 @pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    """Toy continuous weight files trained for 2 steps (the real ones: make toy-continuous-assets)."""
-    d = tmp_path_factory.mktemp("continuous_assets")
-    tiny = {name: dataclasses.replace(cfg, encoder_dim=16, decoder_dim=16, encoder_depth=1, decoder_depth=1,
-                                      encoder_heads=2, decoder_heads=2, head_width=16, head_depth=1)
-            for name, cfg in (("target", TOY_TARGET), ("draft", TOY_DRAFT))}
-    build(d, n_images=64, steps={"target": 2, "draft": 2}, log=lambda *_: None, configs=tiny)
-    return d
+def assets(toy_continuous_assets):
+    return toy_continuous_assets
 
 
 def _toy(assets, out, *extra):
-    return compose("target=toy_continuous", "method=cspd", f"target.assets={assets}", "dataset.n_prompts=3",
-                   "method.gamma=4", "target.head.steps=4", f"+out_dir={out}", *extra)
+    return compose("target=toy_continuous", "method=cspd", *toy_continuous_overrides(assets), "dataset.n_prompts=3",
+                   "method.gamma=4", f"+out_dir={out}", *extra)
 
 
 def _records(folder):
@@ -58,26 +47,28 @@ def test_toy_continuous_run_writes_records_counters_and_summary(assets, tmp_path
 
 
 def test_resume_and_batch_equal_an_uninterrupted_batch_1_run(assets, tmp_path):
-    run(_toy(assets, tmp_path / "a", "method.mode=exact", "method.verify=prefix"))
+    exact = ("method.mode=exact", "method.verify=prefix", "deterministic.batch_invariant=true")
+    run(_toy(assets, tmp_path / "a", *exact))
     full = _records(tmp_path / "a")
     # an interrupted batch-3 run: only the first record written, then resumed
     b = tmp_path / "b"
-    run(_toy(assets, b, "method.mode=exact", "method.verify=prefix", "batch_size=3"))
+    run(_toy(assets, b, *exact, "batch_size=3"))
     lines = (b / "samples.jsonl").read_text().splitlines()
     (b / "samples.jsonl").write_text(lines[0] + "\n")
-    run(_toy(assets, b, "method.mode=exact", "method.verify=prefix", "batch_size=3"))
+    run(_toy(assets, b, *exact, "batch_size=3"))
     again = _records(b)
     key = lambda r: (r["method"], r["prompt_index"])  # noqa: E731
     assert sorted(map(key, again)) == sorted(map(key, full))
-    timing = ("latency_s", "decode_s", "batch_size", "image")
+    timing = ("latency_s", "decode_s", "hardware", "batch_size", "image")
     for r1 in full:
         r2 = next(r for r in again if key(r) == key(r1))
         assert {k: v for k, v in r1.items() if k not in timing} == {k: v for k, v in r2.items() if k not in timing}
 
 
 def test_draft_self_accepts_everything_and_reproduces_the_target_images(assets, tmp_path):
-    with batch_invariant():  # float32 rows of different batch shapes round alike (coolsd.batch_invariant)
-        s = run(_toy(assets, tmp_path / "self", "draft=self", "method.verify=prefix", "method.mode=exact"))
+    # float32 rows of different batch shapes round alike under the flag (coolsd.batch_invariant)
+    s = run(_toy(assets, tmp_path / "self", "draft=self", "method.verify=prefix", "method.mode=exact",
+                 "deterministic.batch_invariant=true"))
     assert s["results"]["cspd"]["acceptance_rate"]["mean"] == 1.0
     recs = _records(tmp_path / "self")
     from PIL import Image
@@ -90,9 +81,9 @@ def test_draft_self_accepts_everything_and_reproduces_the_target_images(assets, 
 
 
 def test_mismatched_method_and_target_are_errors_before_work(assets, tmp_path):
-    with pytest.raises(ValueError, match="method=cspd .* needs a continuous target"):
+    with pytest.raises(ValueError, match="method=cspd does not run on discrete targets.*discrete targets: ar, coolsd"):
         run(compose("target=toy", "method=cspd", f"+out_dir={tmp_path}"))
-    with pytest.raises(ValueError, match="method=coolsd cannot run on target kind 'toy_continuous'"):
+    with pytest.raises(ValueError, match="method=coolsd does not run on continuous targets.*continuous targets: ar, cspd"):
         run(compose("target=toy_continuous", "method=coolsd", f"+out_dir={tmp_path}"))
     with pytest.raises(ValueError, match="unknown verify 'tree'"):
         run(_toy(assets, tmp_path, "method.verify=tree"))
@@ -115,37 +106,9 @@ def test_corrupted_toy_continuous_weights_are_an_error(assets, tmp_path):
         load_toy_continuous(d)
 
 
-TINY_MAR = dict(seq_len=16, token_dim=4, encoder_dim=16, encoder_depth=1, encoder_heads=2, decoder_dim=16,
-                decoder_depth=1, decoder_heads=2, buffer_size=2, n_classes=10, head_width=16, head_depth=1)
-TINY_VAE = dict(embed_dim=4, z_channels=4, ch=32, ch_mult=[1, 2], num_res_blocks=1, resolution=8, attn_resolutions=[4])
-
-
-def _mar_files(tmp_path):
-    torch.manual_seed(0)
-    paths = {}
-    for name in ("target", "draft"):
-        m = MAR(MARConfig(**TINY_MAR))
-        paths[name] = tmp_path / f"{name}.pth"
-        torch.save({"model": m.state_dict(), "model_ema": m.state_dict(), "epoch": 1,
-                    "args": argparse.Namespace(model="tiny")}, paths[name])
-    vae = KLVAE(KLVAEConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in TINY_VAE.items()}))
-    paths["vae"] = tmp_path / "kl16.ckpt"
-    torch.save({"model": vae.state_dict()}, paths["vae"])
-    return paths
-
-
-def _arch(d):
-    return "{" + ",".join(f"{k}:{v}" for k, v in d.items()) + "}"
-
-
-def test_mar_target_runs_on_tiny_checkpoint_files(tmp_path):
-    p = _mar_files(tmp_path)
-    arch = _arch(TINY_MAR)
-    vae = "{" + ",".join(f"{k}:{json.dumps(v)}" for k, v in TINY_VAE.items()) + "}"
-    cfg = compose("target=mar_h", "method=cspd", "dataset=imagenet", "dataset.n_prompts=2", "target.device=cpu",
-                  f"target.arch={arch}", f"draft.arch={arch}", f"+target.vae={vae}", "target.head.steps=3",
-                  f"target.files.checkpoint={p['target']}", f"target.files.vae={p['vae']}",
-                  f"draft.files.checkpoint={p['draft']}", "method.gamma=4", f"+out_dir={tmp_path / 'run'}")
+def test_mar_target_runs_on_tiny_checkpoint_files(mar_files, tmp_path):
+    cfg = compose("target=mar_h", "method=cspd", *mar_overrides(mar_files), "dataset.n_prompts=2", "method.gamma=4",
+                  f"+out_dir={tmp_path / 'run'}")
     s = run(cfg)
     recs = _records(tmp_path / "run")
     assert len(recs) == 4 and {r["caption"] for r in recs} == {"imagenet class 0", "imagenet class 1"}

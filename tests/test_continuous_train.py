@@ -5,11 +5,10 @@ toy scenes and the variance output receives gradient."""
 import numpy as np
 import torch
 
-from coolsd.continuous.toy import PATCH, SIDE, PatchPCA, ToyMAR, scene_labels
-from coolsd.continuous.train import mar_loss
+from coolsd.toy.continuous import PATCH, SIDE, PatchPCA, ToyMAR, scene_labels
+from coolsd.models.mar_loss import mar_loss
 from coolsd.models.mar import MARConfig
-from coolsd.toy.job import toy_prompts
-from coolsd.toy.world import render_batch
+from coolsd.toy.scenes import render_batch, toy_prompts
 
 
 def test_patch_codec_round_trip_and_token_layout():

@@ -6,11 +6,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from coolsd.drafters.build import main
-from coolsd.models.llamagen import LlamaGenConfig
-from coolsd.targets.llamagen import load_eagle_head, load_gpt
-from coolsd.toy.assets import load_toy_world
-from test_llamagen_target import TINY_GPT, _overrides, files  # noqa: F401 (files: a fixture)
+from coolsd.drafters.eagle import load_eagle_head
+from coolsd.drafters.train import main
+from coolsd.models.llamagen import LlamaGenConfig, load_gpt
+from coolsd.toy.assets import load_toy_assets
+from factories import TINY_GPT, llamagen_overrides
 
 
 def test_toy_drafter_training_writes_a_loadable_folder(tmp_path):
@@ -20,7 +20,7 @@ def test_toy_drafter_training_writes_a_loadable_folder(tmp_path):
     assert cfg["text_prefix"] is False and cfg["block_size"] == 64 and cfg["hidden_size"] == 128
     metrics = json.loads((out / "train_metrics.json").read_text())
     assert metrics["n_target_samples"] == 12 and 0 <= metrics["top1"] <= 1
-    world = load_toy_world()
+    world = load_toy_assets()
     head = load_eagle_head(out, world.gpt)
     saved = load_file(str(out / "model.safetensors"))
     assert head.text_prefix is False and all(torch.equal(saved[k], v) for k, v in head.state_dict().items())
@@ -29,8 +29,9 @@ def test_toy_drafter_training_writes_a_loadable_folder(tmp_path):
         main(["target=toy", "train.epochs=3"])
 
 
-def test_llamagen_drafter_training_needs_captions_then_trains(files, tmp_path):  # noqa: F811
-    over = [o for o in _overrides(files) if not o.startswith(("draft.", "dataset."))]  # no drafter, no eval set
+def test_llamagen_drafter_training_needs_captions_then_trains(llamagen_files, tmp_path):
+    files = llamagen_files
+    over = [o for o in llamagen_overrides(files) if not o.startswith(("draft.", "dataset."))]  # no drafter, no eval set
     with pytest.raises(FileNotFoundError, match="training captions"):
         main(["target=llamagen_xl", *over, "train.samples=4"])
     caps = tmp_path / "captions.txt"

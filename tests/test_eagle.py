@@ -399,7 +399,7 @@ def test_training_guided_batches_and_prefix():
 def test_training_entries_alignment():
     """Entry t = (x_t, features[:, t]) at position t, regression target features[:, t+1]; the
     text prefix comes first as (token 0, slot feature, position -1)."""
-    from coolsd.drafters.train import assemble
+    from coolsd.drafters.training import assemble
 
     B, n, P = 2, 5, 3
     tokens = torch.arange(B * n).view(B, n)

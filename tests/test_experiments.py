@@ -11,8 +11,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from coolsd.methods import build_method
-from coolsd.runner import method_from_cfg
-from coolsd.toy.assets import load_toy_world
+from coolsd.job import method_from_cfg
+from coolsd.worlds import load_world
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "experiments" / "experiment").glob("*.yaml"))
@@ -33,7 +33,7 @@ def _sweep_points(params: dict) -> list[list[str]]:
 
 @pytest.fixture(scope="module")
 def neighbours():
-    return load_toy_world().neighbours
+    return load_world(_compose("target=toy")).neighbours
 
 
 def test_the_expected_sweeps_exist():

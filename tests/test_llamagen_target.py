@@ -1,4 +1,4 @@
-"""The LlamaGen-XL target from local files (coolsd.targets.llamagen), on tiny random-weight models
+"""The LlamaGen-XL target from local files (coolsd.worlds.llamagen), on tiny random-weight models
 of the SAME classes written to disk in the official layouts by the test: the VQ-16 tokenizer,
 the FLAN-T5 caption encoder with upstream's left padding, strict loaders, the LANTERN drafter
 folder, the whole job through ``run.py``'s runner, and the stop-before-work error without files."""
@@ -16,61 +16,25 @@ from omegaconf import OmegaConf, open_dict
 
 from coolsd.decoding.rng import PerSampleRNG
 from coolsd.decoding.rules import ExactRule
-from coolsd.drafters.eagle import EagleDrafter, EagleHead
+from coolsd.drafters.eagle import EagleDrafter
 from coolsd.drafting import ModelDrafter, SamplingConfig
 from coolsd.decoding.trees import make_tree
 from coolsd.generate import speculative_generate
 from coolsd.models.llamagen import LlamaGenConfig, LlamaGenGPT, LlamaGenTarget
 from coolsd.models.llamagen_vq import VQ_16, LlamaGenVQ, VQConfig, load_llamagen_vq
 from coolsd.models.t5_text import T5CaptionEncoder, left_pad
-from coolsd.targets.llamagen import load_eagle_head, load_gpt, missing_files
+from coolsd.drafters.eagle import load_eagle_head
+from coolsd.models.llamagen import load_gpt
+from coolsd.worlds.llamagen import LlamaGenWorld
+from factories import CAPTIONS_FIXTURE, TINY_GPT, TINY_LLAMAGEN_VQ, compose as _compose, llamagen_overrides, llamagen_vq as _vq
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY_VQ = VQConfig(codebook_size=64, codebook_dim=4, ch=32, ch_mult=(1, 2), z_channels=32, num_res_blocks=1,
-                   usage_buffer=16)
-TINY_GPT = dict(dim=32, n_layer=2, n_head=2, vocab_size=64, cls_token_num=8, caption_dim=16, block_size=16,
-                multiple_of=16)
-WORDS = ["a", "red", "cat", "dog", "on", "the", "mat", "sits"]
-
-
-def _vq(seed=0) -> LlamaGenVQ:
-    torch.manual_seed(seed)
-    m = LlamaGenVQ(TINY_VQ)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    return m.eval()
-
-
-def write_t5(d: Path, d_model=16):
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast, T5Config, T5EncoderModel
-
-    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, **{w: i + 3 for i, w in enumerate(WORDS)}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
-    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>").save_pretrained(d)
-    torch.manual_seed(0)
-    cfg = T5Config(vocab_size=len(vocab), d_model=d_model, d_kv=8, d_ff=32, num_layers=1, num_heads=2)
-    T5EncoderModel(cfg).eval().save_pretrained(d)
-    return d
+TINY_VQ = VQConfig(**TINY_LLAMAGEN_VQ)
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    """Every file of a tiny LlamaGen target, in the official layouts."""
-    d = tmp_path_factory.mktemp("llamagen")
-    torch.manual_seed(1)
-    gpt = LlamaGenGPT(LlamaGenConfig(**TINY_GPT), init_std=0.2).eval()
-    torch.save({"model": gpt.state_dict(), "steps": 7}, d / "gpt.pt")
-    torch.save({"model": _vq().state_dict()}, d / "vq.pt")
-    write_t5(d / "t5")
-    head = EagleHead.from_target(gpt, seed=3)
-    (d / "drafter").mkdir()
-    (d / "drafter" / "config.json").write_text(json.dumps(head.config.to_lantern_json()))
-    torch.save(head.state_dict(), d / "drafter" / "pytorch_model.bin")
-    return {"gpt": d / "gpt.pt", "vq": d / "vq.pt", "t5": d / "t5", "drafter": d / "drafter", "model": gpt}
+def files(llamagen_files):
+    return llamagen_files
 
 
 # ------------------------------------------------------------------------------------------ VQ
@@ -194,13 +158,6 @@ def test_lantern_drafter_with_text_prefix_keeps_greedy_exact(files):
 
 
 # ------------------------------------------------------------------------------------------ the job
-def _compose(*overrides):
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
-
-
 def test_run_py_job_on_tiny_llamagen_files(files, tmp_path):
     from coolsd.runner import run
 
@@ -233,20 +190,11 @@ def test_run_py_without_weights_stops_at_once_listing_missing_files(tmp_path):
         assert f"{name}: not set" in err and source in err, (name, err[-2000:])
     assert not (tmp_path / "out" / "samples.jsonl").exists()
     cfg = _compose("target=llamagen_xl", "draft=self", "target.files.gpt=/nowhere/gpt.pt")
-    missing = missing_files(cfg.target, cfg.draft)
+    missing = LlamaGenWorld.missing_files(cfg)
     assert any("gpt: /nowhere/gpt.pt does not exist" in m for m in missing) and not any("drafter" in m for m in missing)
 
 
 # ------------------------------------------------------------------------------------------ make paper-table2
-def _overrides(files):
-    gpt = ",".join(f"{k}:{v}" for k, v in TINY_GPT.items())
-    vq = ",".join(f"{k}:{list(v) if isinstance(v, tuple) else v}" for k, v in TINY_VQ.__dict__.items()).replace(" ", "")
-    return [f"target.files.gpt={files['gpt']}", f"target.files.vq={files['vq']}", f"target.files.t5={files['t5']}",
-            f"draft.path={files['drafter']}", "target.device=cpu", "target.dtype=float32", "target.t5_dtype=float32",
-            f"dataset.captions={ROOT / 'tests' / 'fixtures' / 'captions_val2017_tiny.json'}",
-            f"target.gpt_config={{{gpt}}}", f"+target.vq_config={{{vq}}}"]
-
-
 def test_paper_table2_on_a_real_target_runs_rows_and_metrics(files, tmp_path):
     """The real-target path of make paper-table2 on tiny LlamaGen files: every Table 2 row runs
     (the tree and rows of experiments/experiment/table2_llamagen_xl.yaml), AR pairs the
@@ -269,7 +217,8 @@ def test_paper_table2_on_a_real_target_runs_rows_and_metrics(files, tmp_path):
     scorers = {"clip": ClipScorer.from_pretrained(write_tiny_clip(tmp_path / "clip")), "inception": feats,
                "reference": reference_statistics(sorted(coco.glob("*.jpg")), feats, tmp_path / "cache", "w"),
                "fid_resamples": 5}
-    res = real_table2_sweep("llamagen_xl", 2, tmp_path / "records", scorers, _overrides(files))
+    res = real_table2_sweep("llamagen_xl", 2, tmp_path / "records", scorers,
+                            [*llamagen_overrides(files), f"dataset.captions={CAPTIONS_FIXTURE}"])
     table = res["table"]
     assert list(table) == ["ar", "eagle", "lantern_pp_2_10", "coolsd_1.1", "coolsd_2"]
     assert table["ar"]["speedup"]["mean"] == 1.0 and table["coolsd_2"]["accepted_length"]["mean"] > 1.0

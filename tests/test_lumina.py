@@ -14,44 +14,17 @@ from coolsd.decoding.trees import build_tree
 from coolsd.drafting import SamplingConfig, build_drafter
 from coolsd.generate import speculative_generate
 from coolsd.methods import build_method
-from coolsd.models.chameleon import CHAMELEON_7B, ChameleonConfig, ChameleonLM, tiny
-from coolsd.models.chameleon_vq import CHAMELEON_VQGAN, ChameleonVQ, load_vqgan, tiny_vq
+from coolsd.models.chameleon import CHAMELEON_7B, ChameleonConfig, ChameleonLM
+from coolsd.models.chameleon_vq import CHAMELEON_VQGAN, ChameleonVQ, load_vqgan
 from coolsd.models.kv_cache import KVCache
 from coolsd.models.lumina import ImageVocab, LuminaTarget, LuminaTokens, prompt_ids, prompt_text
 from coolsd.protocols import ARModel
+from factories import VMAP, code_name, lumina_cfg, lumina_vq_cfg, make_lm, make_vq, official_state_dict, vqgan_ckpt_dict
 from protocol_checks import path_to, run_tree_round
 
 TOL = 1e-6
-CFG = tiny()  # hidden 32, 2 layers, 4 heads (head_dim 8), intermediate 64, vocab 64
+CFG = lumina_cfg()  # hidden 32, 2 layers, 4 heads (head_dim 8), intermediate 64, vocab 64
 H, D = CFG.num_heads, CFG.head_dim
-
-
-# ------------------------------------------------------------------------------ fixtures
-def make_lm(seed: int = 0, cfg: ChameleonConfig = CFG) -> ChameleonLM:
-    """Random weights, non-trivial norms (per-head q/k norm weights and biases differ)."""
-    torch.manual_seed(seed)
-    model = ChameleonLM(cfg, init_std=0.3).double()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1 + 0.2 * torch.randn_like(p))
-            elif name.endswith("norm.bias"):
-                p.copy_(0.2 * torch.randn_like(p))
-    return model.eval()
-
-
-def official_state_dict(model: ChameleonLM) -> dict:
-    """The model's weights in Lumina's checkpoint layout: q/k norms as [1, head_dim] (the
-    model_parallel_size = 1 form), so every head shares head 0's affine, plus the VQ-encoder
-    tensors HF Chameleon checkpoints carry under ``model.vqmodel.``."""
-    sd = {}
-    for k, v in model.state_dict().items():
-        if "_norm." in k and ".self_attn." in k:
-            v = v[:1].clone()
-        sd[k] = v.clone()
-    sd["model.vqmodel.quantize.embedding.weight"] = torch.randn(16, 4, dtype=torch.float64)
-    sd["model.vqmodel.encoder.conv_in.weight"] = torch.randn(8, 3, 3, 3, dtype=torch.float64)
-    return sd
 
 
 # ------------------------------------------------------------------------------ reference
@@ -238,22 +211,7 @@ def test_loader_errors_name_the_problem(tmp_path):
 
 # ------------------------------------------------------------------------------ VQGAN decoder
 
-VQ_CFG = tiny_vq()  # 16 codes x 8 dims, ch 32, ch_mult (1, 1, 2): f = 4
-
-
-def make_vq(seed: int = 0) -> ChameleonVQ:
-    torch.manual_seed(seed)
-    vq = ChameleonVQ(VQ_CFG).double()
-    with torch.no_grad():
-        for name, p in vq.named_parameters():
-            if "norm" in name:
-                p.copy_((1.0 if name.endswith("weight") else 0.0) + 0.1 * torch.randn_like(p))
-            elif name.endswith("bias"):
-                p.copy_(0.1 * torch.randn_like(p))
-            else:
-                p.copy_(torch.randn_like(p) * (2.0 / p[0].numel()) ** 0.5)
-        vq.quantize.embedding.weight.normal_()
-    return vq.eval()
+VQ_CFG = lumina_vq_cfg()  # 16 codes x 8 dims, ch 32, ch_mult (1, 1, 2): f = 4
 
 
 def _gn(x, sd, p):
@@ -297,16 +255,6 @@ def reference_decode(sd, codes, h, w):
             x = _conv(F.interpolate(x, scale_factor=2.0, mode="nearest"), sd, f"decoder.up.{i}.upsample.conv", 1)
     x = _conv(F.silu(_gn(x, sd, "decoder.norm_out")), sd, "decoder.conv_out", 1)
     return (x.clamp(-1, 1) + 1) / 2
-
-
-def vqgan_ckpt_dict(vq: ChameleonVQ) -> dict:
-    """vqgan.ckpt's layout: {"state_dict": decoder side + encoder side (+ a loss module)}."""
-    sd = {k: v.clone() for k, v in vq.state_dict().items()}
-    sd["encoder.conv_in.weight"] = torch.randn(32, 3, 3, 3, dtype=torch.float64)
-    sd["encoder.conv_out.bias"] = torch.randn(8, dtype=torch.float64)
-    sd["quant_conv.weight"] = torch.randn(8, 8, 1, 1, dtype=torch.float64)
-    sd["loss.discriminator.main.0.weight"] = torch.randn(4, 3, 4, 4, dtype=torch.float64)
-    return {"state_dict": sd}
 
 
 def test_vq_decoder_shape_range_and_reference():
@@ -360,23 +308,6 @@ N_CODES = 16
 TOKENS = LuminaTokens(image_start=21, image_end=20, newline=22, grid_base=23, sep=26)
 
 
-def code_name(code: int) -> str:
-    return "IMGIMG" + "".join(chr(ord("A") + int(d)) for d in str(code)) + "Z"
-
-
-def synthetic_vocabulary_map() -> dict:
-    """A Chameleon-style vocabulary_map on the tiny vocab: image names for 16 codes on shuffled
-    BPE ids 4..19 (id != code + 4), structural tokens at the TOKENS ids, text elsewhere."""
-    perm = torch.randperm(N_CODES, generator=torch.Generator().manual_seed(7)).tolist()
-    vmap = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
-    vmap.update({code_name(c): 4 + perm[c] for c in range(N_CODES)})
-    vmap.update({"<eoss>": 20, "<racm3:break>": 21, "<reserved08799>": 22, "<reserved08800>": 23,
-                 "<reserved08801>": 24, "<reserved08802>": 25, "<reserved08706>": 26, "<image>": 27})
-    vmap.update({f"w{i}": i for i in range(28, 64)})
-    return vmap
-
-
-VMAP = synthetic_vocabulary_map()
 VOCAB = ImageVocab(VMAP)
 PROMPTS = [[0, 30, 31, 32, 26], [0, 40, 41, 42, 43, 44, 45, 46, 47, 26]]  # BOS .. sep, lengths 5 and 10
 STRUCT = [21, 25, 25]  # <racm3:break>, 23 + 2 grids, 23 + 2 grids
@@ -466,7 +397,7 @@ def test_begin_cfg_halves_lengths_positions_and_prefill_logits():
     assert isinstance(target, ARModel) and target.vocab_size == N_CODES and target.n_image_tokens == N
     seen = []
     run = model.run
-    model.run = lambda h, pos, cache, att: (seen.append(pos.clone()), run(h, pos, cache, att))[1]
+    model.run = lambda h, pos, cache, att, valid=None: (seen.append(pos.clone()), run(h, pos, cache, att, valid))[1]
     out = target.begin(PROMPTS, 2)
     assert target.cache.length.tolist() == [8, 13, 3, 3]  # cond: 5 + 3, 10 + 3; uncond: 3, 3
     assert target._offset.tolist() == [8, 13, 3, 3]

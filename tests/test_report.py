@@ -62,7 +62,7 @@ def test_real_targets_stop_before_work_naming_what_is_missing():
         check_target("llamagen_xxl")
     with pytest.raises(ValueError, match="theory lab"):
         check_target("tabular")
-    assert check_target("toy").kind == "toy"
+    assert check_target("toy").__name__ == "ToyWorld"
 
 
 def test_pareto_plot_writes_png_and_pdf(tmp_path):
@@ -117,7 +117,7 @@ def _sweep_records(root, runs: dict, n: int):
     lat = {}
     for run, params in runs.items():
         w = RecordWriter(root / run)
-        (root / run / "run.json").write_text(json.dumps({"job": "toy"}))
+        (root / run / "run.json").write_text(json.dumps({"target": "toy"}))
         for i in range(n):
             for p in ({"method": "ar", "drafter": "none", "tree": "none"}, params):
                 x = float(r.uniform(0.5, 1.5))

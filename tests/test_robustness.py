@@ -15,8 +15,9 @@ from coolsd.generate import NonFiniteLogits, speculative_generate
 from coolsd.merge import merge
 from coolsd.models.llamagen import LlamaGenTarget
 from coolsd.runner import run
-from test_generate import TARGET_MODEL, cond
-from test_llamagen_target import _compose
+from factories import compose as _compose, engine_cond as cond, engine_model
+
+TARGET_MODEL = engine_model(0)
 
 
 class NaNAt(LlamaGenTarget):
@@ -44,10 +45,10 @@ def test_engine_names_sample_and_position_of_non_finite_logits():
 def test_failed_sample_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
     real = job.generate_records
 
-    def flaky(world, method, sampling, scenes, idxs, seeds, tag):
+    def flaky(world, method, prompts, idxs, seeds, tag):
         if 2 in idxs and tag == "eagle":
             raise NonFiniteLogits(idxs.index(2), 17)
-        return real(world, method, sampling, scenes, idxs, seeds, tag)
+        return real(world, method, prompts, idxs, seeds, tag)
 
     monkeypatch.setattr(job, "generate_records", flaky)
     out = tmp_path / "run"

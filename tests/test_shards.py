@@ -8,7 +8,7 @@ import pytest
 from coolsd.merge import merge
 from coolsd.runner import run
 from coolsd.shards import Shard
-from test_llamagen_target import _compose
+from factories import compose as _compose
 
 TIMING = ("latency_s", "decode_s")
 

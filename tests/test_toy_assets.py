@@ -14,13 +14,11 @@ import pytest
 import torch
 from PIL import Image
 
-from coolsd.drafting import SamplingConfig
-from coolsd.methods import build_method
 from coolsd.records import read_records
-from coolsd.toy.assets import ASSETS_DIR, FILES, load_toy_world
-from coolsd.job import generate_one
-from coolsd.toy.job import toy_prompts
-from coolsd.toy.world import render_batch, sample_scenes
+from coolsd.toy.assets import ASSETS_DIR, FILES, load_toy_assets
+from coolsd.toy.scenes import render_batch, sample_scenes, toy_prompts
+from coolsd.worlds import load_world
+from factories import compose as _compose
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,7 +31,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def world():
-    return load_toy_world()
+    return load_world(_compose("target=toy"))
 
 
 def test_shipped_weights_load_strictly_and_fit_the_budget(world):
@@ -43,7 +41,7 @@ def test_shipped_weights_load_strictly_and_fit_the_budget(world):
     from safetensors import safe_open
 
     with safe_open(str(ASSETS_DIR / FILES["drafter"]), "pt") as f:
-        assert set(f.keys()) == set(world.head.state_dict())
+        assert set(f.keys()) == set(world.assets.head.state_dict())
     with safe_open(str(ASSETS_DIR / FILES["target"]), "pt") as f:
         keys = set(f.keys())
     assert keys == {f"gpt.{k}" for k in world.gpt.state_dict()} | {f"caption.{k}" for k in world.encoder.state_dict()}
@@ -67,12 +65,10 @@ def test_tokenizer_round_trip(world):
 
 def test_generation_is_deterministic_per_seed(world):
     scene = toy_prompts(1)[0]
-    m = build_method("coolsd", tree="chain", draft_length=4, delta=2.0)
-    a = generate_one(world, m, SamplingConfig(), scene.caption, 5)
-    b = generate_one(world, m, SamplingConfig(), scene.caption, 5)
-    c = generate_one(world, m, SamplingConfig(), scene.caption, 6)
-    assert torch.equal(a.tokens, b.tokens) and a.round_lengths == b.round_lengths
-    assert not torch.equal(a.tokens, c.tokens)
+    m = world.build_method("coolsd", {"delta": 2.0}, "chain", 4)
+    (a,), (b,), (c,) = (world.generate(m, [scene], [s]) for s in (5, 5, 6))
+    assert np.array_equal(a.image, b.image) and a.fields["round_lengths"] == b.fields["round_lengths"]
+    assert not np.array_equal(a.image, c.image)
 
 
 def test_missing_or_corrupted_weights_are_named(tmp_path):
@@ -80,20 +76,13 @@ def test_missing_or_corrupted_weights_are_named(tmp_path):
     shutil.copytree(ASSETS_DIR, d)
     (d / FILES["drafter"]).unlink()
     with pytest.raises(FileNotFoundError, match=r"drafter.safetensors.*make toy-assets"):
-        load_toy_world(d)
+        load_toy_assets(d)
     shutil.copy(ASSETS_DIR / FILES["drafter"], d / FILES["drafter"])
     raw = bytearray((d / FILES["target"]).read_bytes())
     raw[len(raw) // 2] ^= 0xFF
     (d / FILES["target"]).write_bytes(bytes(raw))
     with pytest.raises(ValueError, match=r"target.safetensors are corrupted.*make toy-assets"):
-        load_toy_world(d)
-
-
-def _compose(*overrides):
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
+        load_toy_assets(d)
 
 
 def _identity(records):
@@ -160,7 +149,7 @@ def test_main_job_runs_every_method(tmp_path, method):
     from coolsd.runner import run
 
     cfg = _compose(f"method={method}", "dataset.n_prompts=2", f"+out_dir={tmp_path}")
-    assert cfg.target.kind == "toy"  # the default target is the shipped toy world
+    assert cfg.target.name == "toy"  # the default target is the shipped toy world
     summary = run(cfg)
     tags = ["ar"] if method == "ar" else ["ar", method]
     assert list(summary["results"]) == tags

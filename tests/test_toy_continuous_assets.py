@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from coolsd.continuous.generate import HeadConfig, ar_generate
-from coolsd.continuous.toy import ASSETS_DIR, FILES, MANIFEST, load_toy_continuous, scene_labels
+from coolsd.toy.continuous import ASSETS_DIR, FILES, MANIFEST, load_toy_continuous, scene_labels
 from coolsd.toy.assets import FILES as DISCRETE_FILES
-from coolsd.toy.job import toy_prompts
+from coolsd.toy.scenes import toy_prompts
 
 pytestmark = pytest.mark.skipif(not (ASSETS_DIR / MANIFEST).is_file(),
                                 reason="toy continuous weights not built yet: run `make toy-continuous-assets`")

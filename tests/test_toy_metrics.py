@@ -34,7 +34,7 @@ from coolsd.toy.features import (
     save_feature_net,
     train_feature_net,
 )
-from coolsd.toy.world import ATTRIBUTES, render_batch, sample_scenes
+from coolsd.toy.scenes import ATTRIBUTES, render_batch, sample_scenes
 
 TINY = {"channels": [4, 8, 8], "feature_dim": 16}
 

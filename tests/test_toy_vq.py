@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from coolsd.toy.vq import ToyVQ, VQConfig, load_vq, save_vq, train_vq
-from coolsd.toy.world import render_batch, sample_scenes
+from coolsd.toy.scenes import render_batch, sample_scenes
 
 TINY = VQConfig(codebook_size=32, codebook_dim=4, channels=8, enc_blocks=1, dec_blocks=1, z_channels=8, train_pool=64)
 

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from coolsd.toy.world import ATTRIBUTES, WORDS, render, render_batch, sample_scenes, tokenize
+from coolsd.toy.scenes import ATTRIBUTES, WORDS, render, render_batch, sample_scenes, tokenize
 
 
 def test_scenes_and_images_are_deterministic():

@@ -85,13 +85,13 @@ def test_lab_validates_before_work(monkeypatch):
 
 
 def test_every_method_config_matches_its_registry_entry():
-    """Discrete methods: conf/method/<name>.yaml = the registry's parameters and defaults;
-    continuous ones (cspd) = coolsd.continuous.job.ContinuousMethod's fields and defaults."""
+    """conf/method/<name>.yaml = the registry's parameters and defaults, for every family; the
+    continuous method object's defaults agree with its builder's."""
     import dataclasses
 
-    from coolsd.continuous.job import ContinuousMethod
+    from coolsd.methods.cspd import ContinuousMethod
 
-    names = sorted(p.stem for p in Path(CONF, "method").glob("*.yaml") if p.stem != "cspd")
+    names = sorted(p.stem for p in Path(CONF, "method").glob("*.yaml"))
     assert names == [n for n in method_names() if not n.startswith("_")]
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         for name in names:
@@ -99,8 +99,7 @@ def test_every_method_config_matches_its_registry_entry():
             m = OmegaConf.to_container(cfg.method)
             assert m.pop("name") == name
             assert m == method_params(name), name
-        m = OmegaConf.to_container(compose("config", overrides=["method=cspd"]).method)
-    assert m == {f.name: f.default for f in dataclasses.fields(ContinuousMethod)}
+    assert method_params("cspd") == {f.name: f.default for f in dataclasses.fields(ContinuousMethod) if f.name != "name"}
 
 
 def test_sampling_resolves_target_defaults_then_overrides():

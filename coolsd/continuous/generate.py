@@ -34,7 +34,7 @@ import torch
 
 from coolsd.continuous.cspd import verify_exact, verify_paper
 from coolsd.continuous.diffusion import HeadSample, Schedule, aligned_sample
-from coolsd.models.mar import NULL_LABEL
+from coolsd.protocols import NULL_LABEL
 
 MODES = ("exact", "paper")
 VERIFY = ("parallel", "prefix")

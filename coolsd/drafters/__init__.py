@@ -6,7 +6,7 @@ from coolsd.drafters.eagle import (
     EagleHead,
     head_logits,
 )
-from coolsd.drafters.train import (
+from coolsd.drafters.training import (
     EagleBatch,
     TrainLog,
     eagle_loss,

@@ -406,3 +406,41 @@ class EagleDrafter:
                 raise RuntimeError("commit before any forward")
             return
         self.cache.commit(self._rep(keep), self._rep(n_keep))
+
+
+# ---------------------------------------------------------------------------------------- loading
+DRAFTER_SOURCE = ("https://huggingface.co/jadohu/llamagen_drafter (config.json + pytorch_model.bin; "
+                  "jadohu/llamagen2_drafter for 512 px), or train one: python -m coolsd.drafters.train")
+
+
+def load_eagle_head(folder, target) -> EagleHead:
+    """LANTERN's drafter folder (``config.json`` + ``pytorch_model.bin`` or ``model.safetensors``),
+    strictly loaded, for the ``LlamaGenGPT`` ``target``; its embedding must equal the target's
+    shape (a drafter of another target is an error)."""
+    import os
+    from pathlib import Path
+
+    from coolsd.models.llamagen_vq import read_torch_checkpoint
+
+    d = Path(os.fspath(folder))
+    weights = next((d / n for n in ("model.safetensors", "pytorch_model.bin") if (d / n).is_file()), None)
+    if not (d / "config.json").is_file() or weights is None:
+        raise FileNotFoundError(f"drafter folder {d} needs config.json and pytorch_model.bin (or model.safetensors); "
+                                f"download {DRAFTER_SOURCE}")
+    raw = json.loads((d / "config.json").read_text())
+    cfg = EagleConfig.from_lantern(raw)
+    t = target.config
+    if (cfg.hidden_size, cfg.vocab_size, cfg.block_size) != (t.dim, t.vocab_size, t.block_size):
+        raise ValueError(f"drafter {d} is for hidden {cfg.hidden_size}, vocab {cfg.vocab_size}, {cfg.block_size} tokens; "
+                         f"the target has {t.dim}, {t.vocab_size}, {t.block_size}")
+    if weights.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        state = load_file(str(weights))
+    else:
+        state = read_torch_checkpoint(weights, "drafter weights", DRAFTER_SOURCE)
+    head = EagleHead(cfg)
+    head.load_lantern(state)
+    # LANTERN's drafters were trained with the text-slot prefix; ours (python -m coolsd.drafters.train) without
+    head.text_prefix = bool(raw.get("text_prefix", True))
+    return head.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)

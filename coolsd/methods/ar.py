@@ -1,8 +1,12 @@
-"""Plain autoregressive decoding: no drafts, tau = 1."""
+"""Plain autoregressive decoding: the target alone (tau = 1), in every family."""
 from coolsd.decoding.trees import EMPTY_TREE
 from coolsd.methods.registry import register_method
 
 
-@register_method("ar")
+@register_method("ar", families=("discrete", "continuous"))
 def ar(ctx):
+    if ctx.family == "continuous":
+        from coolsd.methods.cspd import ContinuousMethod
+
+        return ContinuousMethod(name="ar")
     return None, "none", EMPTY_TREE

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from coolsd.stats import mean_ci  # noqa: F401  (re-exported for per-image scores)
+from coolsd.stats import mean_ci
 from coolsd.metrics.fid import _as_float64, feature_statistics, fid_from_features, frechet_distance_sym, sqrt_psd
 from coolsd.metrics.fid import bootstrap_fid_ci as fid_bootstrap
 
@@ -30,8 +30,8 @@ def _labels(a, name: str) -> np.ndarray:
 
 
 def caption_attributes(scenes) -> dict[str, np.ndarray]:
-    """attribute -> (n,) class ids of the captions of ``scenes`` (``coolsd.toy.world.Scene``)."""
-    from coolsd.toy.world import ATTRIBUTES
+    """attribute -> (n,) class ids of the captions of ``scenes`` (``coolsd.toy.scenes.Scene``)."""
+    from coolsd.toy.scenes import ATTRIBUTES
 
     return {k: np.array([s.labels()[k] for s in scenes], dtype=np.int64) for k in ATTRIBUTES}
 
@@ -126,3 +126,28 @@ def paired_fid_difference_ci(
     lo, hi = np.quantile(diffs, [alpha, 1 - alpha])
     return {"diff": float(point), "lo": float(lo), "hi": float(hi), "n": len(a), "n_resamples": n_resamples,
             "seed": seed, "confidence": confidence}
+
+
+def toy_quality(extractor, images: dict, scenes, n_resamples: int = 200) -> dict:
+    """Per method tag: toy_clip (95% t-CI over prompts) and toy_fid (bootstrap CI) of its
+    images (``images``: tag -> (n, H, W, 3) uint8, prompt-aligned with ``scenes``) against
+    renders of the same scenes, and, where ``ar`` is among the tags, the paired differences to
+    it (same prompts, same seeds). With fewer than 2 prompts a covariance does not exist:
+    toy_fid and its difference are None."""
+    from coolsd.toy.scenes import render_batch
+
+    fid_ok = len(scenes) >= 2
+    ref_feats = extractor(render_batch(scenes))
+    attrs = caption_attributes(scenes)
+    scored = {tag: extractor.features_and_predictions(imgs) for tag, imgs in images.items()}
+    clip = {tag: toy_clip_scores(preds, attrs) for tag, (_, preds) in scored.items()}
+    out = {}
+    for tag, (feats, _) in scored.items():
+        e = {"toy_clip": mean_ci(clip[tag]),
+             "toy_fid": bootstrap_fid_ci(feats, ref_feats, n_resamples=n_resamples, seed=0) if fid_ok else None}
+        if "ar" in scored:
+            e["toy_clip_minus_ar"] = mean_ci(np.asarray(clip[tag]) - np.asarray(clip["ar"]))
+            e["toy_fid_minus_ar"] = (paired_fid_difference_ci(feats, scored["ar"][0], ref_feats, n_resamples=n_resamples,
+                                                              seed=0) if fid_ok else None)
+        out[tag] = e
+    return out

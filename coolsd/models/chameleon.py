@@ -242,12 +242,13 @@ class ChameleonLM(nn.Module):
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(ids)
 
-    def run(self, h: torch.Tensor, positions: torch.Tensor, cache: KVCache, attend: torch.Tensor) -> torch.Tensor:
+    def run(self, h: torch.Tensor, positions: torch.Tensor, cache: KVCache, attend: torch.Tensor,
+            valid: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Input embeddings h (B, m, d) at logical positions (B, m) -> hidden after the final
         norm; the m entries become pending in ``cache``, each attending the committed entries
         and the pending ones ``attend`` allows ((m, P+m) or (B, m, P+m)), as
-        ``LlamaGenGPT.run``."""
-        step = cache.prepare(attend, h.shape[1])
+        ``LlamaGenGPT.run``. ``valid`` (B,): real rows per sample of right-padded input."""
+        step = cache.prepare(attend, h.shape[1], valid)
         cos, sin = rope_1d(positions, self.config, _compute_dtype(self.dtype))
         for i, layer in enumerate(self.model.layers):
             h = layer(h, cos, sin, cache, i, step)

@@ -21,6 +21,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from coolsd import batch_invariant
+
 
 @dataclass
 class CacheStep:
@@ -30,6 +32,9 @@ class CacheStep:
     slots: torch.Tensor  # (B, m) long, where the new entries are written
     span: int  # attention runs over slots [0, span) only
     start: Optional[int] = None  # when every sample writes slots [start, start + m): slice writes
+    # under coolsd.batch_invariant: per sample, its valid new rows and its own span of slots
+    rows: Optional[list[int]] = None
+    spans: Optional[list[int]] = None
 
 
 class KVCache:
@@ -74,9 +79,11 @@ class KVCache:
         self._same_length = True  # host copy of bool(length == length[0]).all()
 
     # ------------------------------------------------------------------ forward side
-    def prepare(self, attend: torch.Tensor, m: int) -> CacheStep:
+    def prepare(self, attend: torch.Tensor, m: int, valid: Optional[torch.Tensor] = None) -> CacheStep:
         """Mask and write slots for m new tokens. ``attend``: (m, P+m) or (B, m, P+m) bool over
-        the existing pending entries then the new ones (P = ``n_pending``)."""
+        the existing pending entries then the new ones (P = ``n_pending``). ``valid`` (B,): how
+        many of the m rows are real per sample (right-padded prompts of different lengths; the
+        padded rows' outputs are never used)."""
         B, P = self.batch_size, self.n_pending
         attend = attend.to(device=self.device, dtype=torch.bool)
         if attend.shape[-2:] != (m, P + m):
@@ -94,7 +101,11 @@ class KVCache:
         mask = (committed.unsqueeze(1) | pending).unsqueeze(1)
         slots = self.length.unsqueeze(1) + P + torch.arange(m, device=self.device)
         start = self._max_committed + P if self._same_length else None
-        return CacheStep(mask=mask, slots=slots, span=span, start=start)
+        rows = spans = None
+        if batch_invariant.active() and B > 1:  # each sample over exactly what it would see alone
+            rows = (torch.full((B,), m) if valid is None else valid.cpu()).tolist()
+            spans = (self.length.cpu() + P + torch.tensor(rows)).tolist()
+        return CacheStep(mask=mask, slots=slots, span=span, start=start, rows=rows, spans=spans)
 
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: CacheStep
@@ -110,7 +121,13 @@ class KVCache:
             self.v[layer].scatter_(2, idx, v)
         keys = self.k[layer][:, :, : step.span]
         values = self.v[layer][:, :, : step.span]
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=step.mask)
+        if step.spans is None:
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=step.mask)
+        out = torch.zeros_like(q)
+        for b, (r, s) in enumerate(zip(step.rows, step.spans)):
+            out[b : b + 1, :, :r] = F.scaled_dot_product_attention(
+                q[b : b + 1, :, :r], keys[b : b + 1, :, :s], values[b : b + 1, :, :s], attn_mask=step.mask[b : b + 1, :, :r, :s])
+        return out
 
     def advance(self, m: int) -> None:
         """Call once after all layers attended a step of m tokens."""

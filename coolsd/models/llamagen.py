@@ -388,3 +388,33 @@ class LlamaGenTarget:
         if self.decoder is None:
             raise RuntimeError("LlamaGenTarget was built without a VQ decoder")
         return self.decoder(tokens)
+
+
+# ---------------------------------------------------------------------------------------- loading
+GPT_SOURCE = "https://huggingface.co/peizesun/llamagen_t2i (t2i_XL_stage1_256.pt; t2i_XL_stage2_512.pt for 512 px)"
+GPT_CONFIGS = {"GPT_XL": GPT_XL, "GPT_XL_512": GPT_XL_512}
+
+
+def gpt_config(spec) -> LlamaGenConfig:
+    """A named config (``GPT_XL``, ``GPT_XL_512``) or a mapping of ``LlamaGenConfig`` fields."""
+    if isinstance(spec, str):
+        if spec not in GPT_CONFIGS:
+            raise ValueError(f"unknown gpt_config {spec!r}; valid: {sorted(GPT_CONFIGS)} or a mapping of fields")
+        return GPT_CONFIGS[spec]
+    return LlamaGenConfig(**dict(spec))
+
+
+def load_gpt(path, cfg: LlamaGenConfig, dtype=torch.bfloat16, device="cpu") -> LlamaGenGPT:
+    """Strictly load an official t2i GPT checkpoint (``{"model": sd}``); a checkpoint of another
+    size or grid is an error naming the keys/shapes that differ."""
+    import os
+
+    from coolsd.models.llamagen_vq import check_state_dict, read_torch_checkpoint
+
+    state = read_torch_checkpoint(path, "LlamaGen t2i GPT checkpoint", GPT_SOURCE)
+    with torch.device("meta"):
+        model = LlamaGenGPT(cfg)
+    check_state_dict(model, state, os.fspath(path), GPT_SOURCE)
+    model = model.to_empty(device="cpu")
+    model.load_state_dict(state, strict=True)
+    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)

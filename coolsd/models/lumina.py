@@ -264,7 +264,7 @@ class LuminaTarget:
             ids[b, : len(r)] = torch.tensor(r, device=dev)
         self.cache = self._new_cache(n, L)
         causal = torch.ones(L, L, dtype=torch.bool, device=dev).tril()
-        hidden = model.run(model.embed(ids), torch.arange(L, device=dev).expand(n, L), self.cache, causal)
+        hidden = model.run(model.embed(ids), torch.arange(L, device=dev).expand(n, L), self.cache, causal, valid=lens)
         self.cache.commit(torch.arange(L, device=dev).expand(n, L), lens)
         self._offset = lens  # logical position of image token 0, per internal row
         self._reset_pending()

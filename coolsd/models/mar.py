@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-NULL_LABEL = -1  # the label of the unconditional branch (MAR's ``fake_latent``)
+from coolsd.protocols import NULL_LABEL  # noqa: F401  (-1: the unconditional branch, MAR's ``fake_latent``)
 
 
 @dataclass(frozen=True)
@@ -175,7 +175,7 @@ class SimpleMLPAdaLN(nn.Module):
 
 class DiffLoss(nn.Module):
     """Holds ``net`` (upstream's key prefix ``diffloss.net.``); the diffusion itself lives in
-    ``coolsd.continuous.diffusion`` and ``coolsd.continuous.train``."""
+    ``coolsd.continuous.diffusion`` and ``coolsd.models.mar_loss``."""
 
     def __init__(self, cfg: MARConfig):
         super().__init__()

@@ -16,10 +16,12 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from coolsd.evaluate import evaluate_run
+from coolsd.job import run_job
 from coolsd.records import read_records
-from coolsd.runner import compose
 from coolsd.report.paper import table2_rows, tag_of
+from coolsd.runner import compose
 from coolsd.stats import ratio_ci
+from coolsd.worlds import load_world, world_class
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,15 +41,8 @@ def row_configs(target: str, prompts: int, records: Path, overrides=()) -> list[
 
 
 def missing_inputs(cfg, metrics: dict) -> list[str]:
-    """Files the sweep lacks: target and drafter (its adapter's list), COCO captions, metrics."""
-    kind = cfg.target.kind
-    if kind == "llamagen":
-        from coolsd.targets.llamagen import missing_files
-    elif kind == "lumina":
-        from coolsd.targets.lumina import missing_files
-    else:
-        raise ValueError(f"target kind {kind!r} is not a real image target")
-    out = list(missing_files(cfg.target, cfg.get("draft")))
+    """Files the sweep lacks: target and drafter (its world's list), COCO captions, metrics."""
+    out = list(world_class(cfg.target.name).missing_files(cfg))
     cap = cfg.dataset.get("captions")
     if not cap or not Path(os.fspath(cap)).is_file():
         out.append(f"COCO captions: {cap or 'not set'} (set COCO_CAPTIONS; annotations/captions_val2017.json from "
@@ -59,26 +54,16 @@ def missing_inputs(cfg, metrics: dict) -> list[str]:
 
 
 def real_table2_sweep(target: str, prompts: int, records: Path, scorers: dict, overrides=(), device=None) -> dict:
-    """Runs every row, then the metrics. ``scorers``: keyword arguments of ``evaluate_run``
-    (clip, image_reward, inception + reference); returns {"env", "table", "runs"}."""
-    from coolsd.job import run_image_target
-    from coolsd.runner import method_from_cfg
-
+    """Runs every row through the generation job on one loaded world, then the metrics.
+    ``scorers``: keyword arguments of ``evaluate_run`` (clip, image_reward, inception +
+    reference); returns {"env", "table", "runs"}."""
     configs = row_configs(target, prompts, records, overrides)
-    first = configs[0][1]
-    device = device or first.target.get("device", "cuda")
-    if first.target.kind == "llamagen":
-        from coolsd.targets.llamagen import load_llamagen_world as load
-    else:
-        from coolsd.targets.lumina import load_lumina_world as load
-    world = load(target, first.target, first.get("draft"), device=device)
+    world = load_world(configs[0][1])
     t0 = time.perf_counter()
     summaries, dirs = {}, {}
     for label, cfg in configs:
-        name, params = method_from_cfg(cfg)
         dirs[label] = Path(cfg.out_dir)
-        summaries[label] = run_image_target(cfg, world, name, params, cfg.tree.name, cfg.tree.get("draft_length"),
-                                            dirs[label], device)["results"][name]
+        summaries[label] = run_job(cfg, dirs[label], world=world)["results"][cfg.method.name]
     gen_s = time.perf_counter() - t0
     ar_label = next(label for label, cfg in configs if cfg.method.name == "ar")
     ar_lat = {r["prompt_index"]: r["latency_s"] for r in read_records(dirs[ar_label] / "samples.jsonl")}
@@ -92,7 +77,7 @@ def real_table2_sweep(target: str, prompts: int, records: Path, scorers: dict, o
             if m in metrics.get(cfg.method.name, {}):
                 e[m] = metrics[cfg.method.name][m]
         table[label] = e
-    env = {"target": target, "prompts": prompts, "device": device, "batch_size": 1, "generation_seconds": gen_s,
+    env = {"target": target, "prompts": prompts, "device": str(world.device), "batch_size": 1, "generation_seconds": gen_s,
            "records": str(records), "speedup_reference": "the AR row: same prompts, seeds and machine, same sweep",
-           "files": world.manifest}
+           "files": world.files()}
     return {"env": env, "table": table, "runs": {k: str(v) for k, v in dirs.items()}}

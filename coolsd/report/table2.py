@@ -16,33 +16,29 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from omegaconf import OmegaConf
-
 from coolsd.records import read_records, write_json_atomic
 from coolsd.report.compare import paired_comparison
 from coolsd.report.paper import TABLE2_COLUMNS, table2_rows, tag_of
 from coolsd.report.plots import pareto_plot
 from coolsd.report.real_sweep import missing_inputs, real_table2_sweep, row_configs
 from coolsd.report.sweep import ROOT, sweep_frame, toy_sweep
+from coolsd.worlds import world_class
 
-# our column per paper column, per target kind (toy metrics are not CLIP score / FID)
-OURS = {"toy": {"clip_score": "toy_clip", "fid": "toy_fid", "image_reward": None, "accepted_length": "accepted_length",
-                "latency_s": "latency_s", "speedup": "speedup"},
-        "real": {c: c for c in TABLE2_COLUMNS}}
+SPEED = {c: c for c in ("accepted_length", "latency_s", "speedup")}
 HEADERS = {"clip_score": "CLIP", "fid": "FID", "image_reward": "ImageReward", "accepted_length": "accepted length",
            "latency_s": "latency (s)", "speedup": "speed-up"}
 
 
-def check_target(target: str) -> dict:
-    """The target's config (conf/target/<target>.yaml); unknown names and the theory lab are errors."""
+def check_target(target: str):
+    """The target's world class; unknown names and worlds without images are errors."""
     path = ROOT / "conf" / "target" / f"{target}.yaml"
     if not path.is_file():
         known = sorted(p.stem for p in (ROOT / "conf" / "target").glob("*.yaml"))
         raise ValueError(f"unknown target {target!r}: no {path.relative_to(ROOT)}; configured targets: {known}")
-    cfg = OmegaConf.load(path)
-    if cfg.kind == "tabular":
-        raise ValueError("target 'tabular' is the theory lab (exact statistics), not an image target")
-    return cfg
+    world_cls = world_class(target)
+    if not world_cls.makes_images:
+        raise ValueError(f"target {target!r} is the theory lab (exact statistics), not an image target")
+    return world_cls
 
 
 def metric_inputs(a) -> dict:
@@ -73,7 +69,7 @@ def real_scorers(a) -> dict:
 
 def build_table(target: str, table: dict) -> pd.DataFrame:
     df = sweep_frame(table).set_index("tag")
-    ours = OURS[target if target == "toy" else "real"]
+    ours = {**world_class(target).paper_metrics, **SPEED}
     rows = []
     for r in table2_rows(target):
         tag = tag_of(r["method"], r["params"])
@@ -149,19 +145,20 @@ def main(argv=None):
     a = ap.parse_args(argv)
     targets = [t.strip() for t in a.targets.split(",") if t.strip()]
     records_root = a.records or ROOT / "outputs" / "paper_table2" / time.strftime("%Y-%m-%d_%H-%M-%S")
-    kinds = {t: check_target(t).kind for t in targets}
+    for t in targets:
+        check_target(t)
     missing = []  # every real target is checked before any work starts
-    for t in (t for t in targets if kinds[t] != "toy"):
+    for t in (t for t in targets if t != "toy"):
         cfg = row_configs(t, a.prompts or 5000, records_root / t, a.override)[0][1]
         missing += [f"{t}: {m}" for m in missing_inputs(cfg, metric_inputs(a))]
     if missing:
         raise SystemExit("make paper-table2 cannot run; missing:\n  " + "\n  ".join(missing))
-    scorers = real_scorers(a) if any(k != "toy" for k in kinds.values()) else None
+    scorers = real_scorers(a) if any(t != "toy" for t in targets) else None
     a.out.mkdir(parents=True, exist_ok=True)
     frames, summaries = [], {}
     coolsd_tag, lantern_tag = tag_of("coolsd", {"delta": 1.1}), tag_of("lantern_pp", {"lam": 2.0, "k": 10})
     for t in targets:
-        if kinds[t] == "toy":
+        if t == "toy":
             specs = [(tag_of(r["method"], r["params"]), r["method"], r["params"]) for r in table2_rows(t)]
             res = toy_sweep(specs, a.prompts or 60, records_root / t)
             recs = read_records(records_root / t / "samples.jsonl")

@@ -17,15 +17,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from coolsd.decoding.lantern import neighbours_from_codebook
-from coolsd.drafters.eagle import EagleConfig, EagleDrafter, EagleHead
+from coolsd.drafters.eagle import EagleConfig, EagleHead
 from coolsd.models.llamagen import LlamaGenConfig, LlamaGenGPT, LlamaGenTarget
 from coolsd.records import sha256_file
 from coolsd.toy.features import ToyFeatureExtractor, load_feature_net, save_feature_net, train_feature_net
 from coolsd.toy.target import TOY_GPT, CaptionEncoder
 from coolsd.toy.vq import load_vq, save_vq, train_vq
 from coolsd.toy.weights import REBUILD, read_weights, save_weights
-from coolsd.toy.world import render_batch, sample_scenes
+from coolsd.toy.scenes import render_batch, sample_scenes
 
 ASSETS_DIR = Path(__file__).parent / "assets"
 FILES = {"vq": "vq.safetensors", "target": "target.safetensors", "drafter": "drafter.safetensors",
@@ -65,36 +64,17 @@ def check_manifest(assets_dir: Path) -> dict:
 
 
 @dataclass
-class ToyWorld:
+class ToyAssets:
+    """The shipped toy weights, loaded (``coolsd.worlds.toy`` assembles the world from them)."""
+
     vq: torch.nn.Module
     gpt: LlamaGenGPT
     encoder: CaptionEncoder
     head: EagleHead
-    features: ToyFeatureExtractor
-    cfg_scale: float
     manifest: dict
 
-    def __post_init__(self):
-        self.neighbours = neighbours_from_codebook(self.vq.codebook.detach())
-        self._target = LlamaGenTarget(self.gpt, cfg_scale=self.cfg_scale)
-        self._drafter = EagleDrafter.for_target(self.head, self._target)
 
-    def target(self) -> LlamaGenTarget:
-        return self._target
-
-    def drafter(self) -> EagleDrafter:
-        return self._drafter
-
-    def use_head(self, head: EagleHead) -> None:
-        """Draft with another EAGLE head (e.g. one trained by ``python -m coolsd.drafters.train``)."""
-        self._drafter = EagleDrafter.for_target(head, self._target)
-
-    def use_self_drafting(self) -> None:
-        """Draft with the target itself (separate caches): EAGLE then accepts every token."""
-        self._drafter = LlamaGenTarget(self.gpt, cfg_scale=self.cfg_scale)
-
-
-def load_toy_world(assets_dir=None, cfg_scale: float = 3.0) -> ToyWorld:
+def load_toy_assets(assets_dir=None) -> ToyAssets:
     d = Path(assets_dir) if assets_dir else ASSETS_DIR
     manifest = check_manifest(d)
     vq = load_vq(d / FILES["vq"])
@@ -106,10 +86,16 @@ def load_toy_world(assets_dir=None, cfg_scale: float = 3.0) -> ToyWorld:
     hsd, hcfg = _load(d / FILES["drafter"], "coolsd.toy.eagle")
     head = EagleHead(EagleConfig(**hcfg))
     _strict(head, hsd, d / FILES["drafter"])
-    feats = ToyFeatureExtractor(load_feature_net(d / FILES["features"]))
     for m in (vq, gpt, enc, head):
         m.eval().requires_grad_(False)
-    return ToyWorld(vq, gpt, enc, head, feats, float(cfg_scale), manifest)
+    return ToyAssets(vq, gpt, enc, head, manifest)
+
+
+def toy_feature_extractor(assets_dir=None) -> ToyFeatureExtractor:
+    """The toy metrics' feature network (checked against the manifest)."""
+    d = Path(assets_dir) if assets_dir else ASSETS_DIR
+    check_manifest(d)
+    return ToyFeatureExtractor(load_feature_net(d / FILES["features"]))
 
 
 # ------------------------------------------------------------------------------ building
@@ -123,8 +109,8 @@ def _dataset(vq, n: int, seed: int, enc: CaptionEncoder):
 
 
 def _train_drafter(gpt, enc, ids, vids, steps: int, n_gen: int, log, batch_size: int = 32):
-    """EAGLE-1 head on the target's own samples (LANTERN recipe; coolsd.drafters.build)."""
-    from coolsd.drafters.build import train_on_target
+    """EAGLE-1 head on the target's own samples (LANTERN recipe; coolsd.drafters.training)."""
+    from coolsd.drafters.training import train_on_target
 
     return train_on_target(LlamaGenTarget(gpt, cfg_scale=TOY_CFG_SCALE), gpt, enc, ids[:n_gen], vids[:256], steps, log,
                            batch_size=batch_size, lr=1e-3, seed=0, chunk=256, tag="toy drafter")

@@ -26,7 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from coolsd.metrics import FeatureExtractor
-from coolsd.toy.world import ATTRIBUTES, IMAGE_SIZE, render_batch, sample_scenes
+from coolsd.toy.scenes import ATTRIBUTES, IMAGE_SIZE, render_batch, sample_scenes
 
 FORMAT = "coolsd.toy_feature_net"
 FORMAT_VERSION = "1"

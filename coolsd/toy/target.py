@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 
 from coolsd.models.llamagen import LlamaGenConfig
-from coolsd.toy.world import MAX_CAPTION_TOKENS, WORDS, tokenize
+from coolsd.toy.scenes import MAX_CAPTION_TOKENS, WORDS, tokenize
 
 TOY_GPT = LlamaGenConfig(
     dim=128, n_layer=12, n_head=4, vocab_size=512, cls_token_num=MAX_CAPTION_TOKENS,

@@ -74,6 +74,17 @@ def sample_scenes(n: int, seed: int) -> list[Scene]:
     return out
 
 
+PROMPT_POOL_SEED = 20260  # the 5,000 toy evaluation prompts; disjoint from every training seed
+PROMPT_POOL = 5000
+
+
+def toy_prompts(n: int, offset: int = 0, pool: int = PROMPT_POOL) -> list[Scene]:
+    """The toy evaluation prompts ``offset .. offset + n - 1`` of the fixed pool."""
+    if offset < 0 or offset + n > pool:
+        raise ValueError(f"toy prompts [{offset}, {offset + n}) exceed the pool of {pool}")
+    return sample_scenes(pool, PROMPT_POOL_SEED)[offset : offset + n]
+
+
 def _shape_mask(shape: str, cx: float, cy: float, rad: float, n: int) -> np.ndarray:
     """Coverage mask on an n x n supersampled grid (coordinates in output pixels)."""
     c = (np.arange(n) + 0.5) / _SUPERSAMPLE

@@ -1,4 +1,4 @@
-"""The toy continuous world (issue 7; continuous_sd.md 4.1): the toy scenes (coolsd.toy.world)
+"""The toy continuous world (issue 7; continuous_sd.md 4.1): the toy scenes (coolsd.toy.scenes)
 as 8x8 grids of continuous 16-dim tokens, and a MAR target and a smaller MAR draft over them.
 
 * ``PatchPCA``: the continuous "autoencoder": each 4x4x3 patch -> its top-16 principal
@@ -7,7 +7,7 @@ as 8x8 grids of continuous 16-dim tokens, and a MAR target and a smaller MAR dra
 * ``ToyMAR``: ``coolsd.models.mar.MAR`` conditioned on the scene's five attributes (a sum of
   attribute embeddings, in the buffer positions) instead of an ImageNet class; ``NULL_LABEL``
   rows use ``fake_latent`` (classifier-free guidance).
-* ``build`` trains both (``python -m coolsd.continuous.toy``, ``make toy-continuous-assets``):
+* ``build`` trains both (``python -m coolsd.toy.continuous``, ``make toy-continuous-assets``):
   MAR's training (random order, a random number of masked tokens, the diffusion loss on masked
   tokens, labels dropped 10% of the time) on rendered scenes; weights ship in
   ``coolsd/toy/assets/continuous_*.safetensors`` (fp16) with ``continuous_manifest.json``.
@@ -25,11 +25,11 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from coolsd.continuous.train import mar_loss
+from coolsd.models.mar_loss import mar_loss
 from coolsd.models.mar import NULL_LABEL, MAR, MARConfig
 from coolsd.records import sha256_file, write_json_atomic
 from coolsd.toy.weights import read_weights, save_weights
-from coolsd.toy.world import ATTRIBUTES, IMAGE_SIZE, render_batch, sample_scenes
+from coolsd.toy.scenes import ATTRIBUTES, IMAGE_SIZE, render_batch, sample_scenes
 
 PATCH = 4
 TOKEN_DIM = 16
@@ -39,7 +39,7 @@ FILES = {"codec": "continuous_codec.safetensors", "target": "continuous_target.s
          "draft": "continuous_draft.safetensors"}
 MANIFEST = "continuous_manifest.json"
 REBUILD = "run `make toy-continuous-assets` to rebuild it"
-DATA_SEED = 7101  # training scenes; evaluation prompts come from coolsd.toy.job's pool (another seed)
+DATA_SEED = 7101  # training scenes; evaluation prompts come from coolsd.toy.scenes.toy_prompts (another seed)
 N_ATTR = tuple(len(v) for v in ATTRIBUTES.values())
 
 _BACKBONE = dict(seq_len=SIDE * SIDE, token_dim=TOKEN_DIM, buffer_size=4, n_classes=1)

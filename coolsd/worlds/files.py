@@ -1,4 +1,4 @@
-"""What every real target does with the local files a user provides: name the missing ones
+"""What every real world does with the local files a user provides: name the missing ones
 (with where each comes from) before any work, and identify the ones a run used."""
 from __future__ import annotations
 
@@ -24,3 +24,9 @@ def missing_paths(files: dict, sources: dict, prefix: str = "target.files") -> l
 def file_identity(path) -> dict:
     p = Path(os.fspath(path))
     return {"name": p.name, "bytes": p.stat().st_size if p.is_file() else None}
+
+
+def require_files(target: str, missing: list[str]) -> None:
+    """Stop before any work when files are missing, listing every one of them."""
+    if missing:
+        raise FileNotFoundError(f"target {target!r} cannot run: missing files\n  " + "\n  ".join(missing))

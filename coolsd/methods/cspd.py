@@ -1,0 +1,55 @@
+"""Continuous speculative decoding (CSpD; METHODS.md 5, continuous_sd.md 2) for diffusion-head
+targets, and the continuous family's method object (``coolsd.continuous.generate`` runs it)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from coolsd.continuous.generate import check_settings
+from coolsd.methods.registry import register_method
+
+CONTINUOUS_METHODS = ("ar", "cspd")
+
+
+@dataclass(frozen=True)
+class ContinuousMethod:
+    """``ar`` (the target alone) or ``cspd`` (conf/method/cspd.yaml)."""
+
+    name: str = "cspd"
+    gamma: int = 8
+    mode: str = "paper"
+    verify: str = "parallel"
+    prefill: float = 0.05
+    max_rounds: int = 100
+    final_std: float | None = None
+    inner_temperature: float = 1.0
+    family = "continuous"
+
+    def __post_init__(self):
+        if self.name not in CONTINUOUS_METHODS:
+            raise ValueError(f"continuous targets run method={' or method='.join(CONTINUOUS_METHODS)}, not {self.name!r}")
+        check_settings(self.gamma, self.mode, self.verify, self.prefill, self.max_rounds, self.final_std,
+                       self.inner_temperature)
+
+    @property
+    def final_noise(self) -> bool:  # the exact rule samples the final step (continuous_sd.md 2.9)
+        return self.mode == "exact"
+
+    def describe(self) -> dict:
+        """Record parameters (``method`` first, as the discrete methods'); AR names only how it
+        samples: the exact mode's baseline has a stochastic final step."""
+        if self.name == "ar":
+            return {"method": "ar", **({"final_noise": True} if self.final_noise else {}),
+                    **({"final_std": self.final_std} if self.final_std is not None else {})}
+        d = dataclasses.asdict(self)
+        return {"method": d.pop("name"), **d}
+
+    def baseline(self) -> "ContinuousMethod":
+        """The target alone, sampled as this method samples (the exact mode's final-step noise)."""
+        return dataclasses.replace(self, name="ar")
+
+
+@register_method("cspd", families=("continuous",))
+def cspd(ctx, gamma=8, mode="paper", verify="parallel", prefill=0.05, max_rounds=100, final_std=None,
+         inner_temperature=1.0):
+    return ContinuousMethod("cspd", gamma, mode, verify, prefill, max_rounds, final_std, inner_temperature)

@@ -1,0 +1,131 @@
+"""A run's summary from its records, the same code for a one-process run (``coolsd.job``) and for
+merged shards (``coolsd.merge``): per method tag, the world's record metrics as mean [95% CI]
+over prompts, throughput, the speed-up against ``ar`` paired by prompt (METHODS.md 6) and the
+world's quality numbers; the printed table and the labelled image grid.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from coolsd.stats import mean_ci, ratio_ci
+
+SPEEDUP_REFERENCE = "ar on the same prompts, same machine, same run (same batch size)"
+
+
+def results_table(world_cls, outputs: dict, prompts: list) -> dict:
+    """{tag: {"params", <record metric>: mean_ci, "images_per_s", "speedup",
+    "speedup_per_accepted_length", <quality>}} from ``outputs`` {tag: (records, images)}."""
+    table = {}
+    for tag, (rows, _) in outputs.items():
+        e = {"params": rows[0]["params"]}
+        for key in world_cls.record_metrics:
+            vals = [r[key] for r in rows if r.get(key) is not None]
+            if vals:
+                e[key] = mean_ci(vals)
+        if world_cls.makes_images:  # throughput at the run's batch size: images per second of generation
+            e["images_per_s"] = mean_ci([r.get("batch_size", 1) / r["latency_s"] for r in rows])
+        if "ar" in outputs and "latency_s" in rows[0]:
+            e["speedup"] = ratio_ci([r["latency_s"] for r in outputs["ar"][0]], [r["latency_s"] for r in rows], paired=True)
+            if "accepted_length" in e:
+                e["speedup_per_accepted_length"] = e["speedup"]["mean"] / e["accepted_length"]["mean"]
+        table[tag] = e
+    for tag, q in world_cls.quality(outputs, prompts).items():
+        table[tag].update(q)
+    return table
+
+
+def summarize(world_cls, identity: dict, outputs: dict, prompts: list, failures: dict) -> dict:
+    """The summary.json of a run: its identity's settings, where it ran, and ``results_table``."""
+    rows = [r for recs, _ in outputs.values() for r in recs]
+    hardware = sorted({r["hardware"] for r in rows if "hardware" in r})
+    methods = identity["methods"]
+    return {"target": identity["target"],
+            **({"method": methods[identity["method"]]} if identity.get("method") in methods else {}),
+            "methods": methods, "n_prompts": len(prompts), **identity["settings"], "device": identity["device"],
+            "hardware": hardware[0] if len(hardware) == 1 else hardware, "threads": identity["threads"],
+            "batch_size": identity.get("batch_size", 1),
+            **({"batch_invariant": True} if identity.get("batch_invariant") else {}),
+            "speedup_reference": SPEEDUP_REFERENCE, "failures": failures,
+            "results": results_table(world_cls, outputs, prompts)}
+
+
+def _cell(v, digits: int) -> str:
+    if v is None:
+        return "-"
+    if "fid" in v:
+        return f"{v['fid']:.{digits}f} [{v['lo']:.{digits}f}, {v['hi']:.{digits}f}]"
+    return f"{v['mean']:.{digits}f} [{v['ci95'][0]:.{digits}f}, {v['ci95'][1]:.{digits}f}]"
+
+
+def summary_lines(world_cls, table: dict, outputs: Optional[dict] = None) -> list[str]:
+    """The printed table: one row per method with the world's columns; worlds with
+    ``per_prompt_columns`` add one row per prompt of those record fields."""
+    w = max([12] + [len(t) + 1 for t in table])
+    cols = world_cls.columns
+    lines = [f"{'method':<{w}} " + " ".join(f"{c.header:<24}" for c in cols).rstrip()]
+    for tag, e in table.items():
+        lines.append(f"{tag:<{w}} " + " ".join(f"{_cell(e.get(c.key), c.digits):<24}" for c in cols).rstrip())
+    if world_cls.per_prompt_columns and outputs:
+        keys = world_cls.per_prompt_columns
+        lines += ["", f"{'method':<{w}} {'prompt':>6} " + " ".join(f"{k:>{max(len(k), 8)}}" for k in keys)]
+        for tag, (rows, _) in outputs.items():
+            for r in rows:
+                cells = [f"{r[k]:>{max(len(k), 8)}.4f}" if isinstance(r[k], float) else f"{r[k]:>{max(len(k), 8)}}"
+                         for k in keys]
+                lines.append(f"{tag:<{w}} {r['prompt_index']:>6} " + " ".join(cells))
+    return lines
+
+
+def make_grid(rows: list[np.ndarray], scale: int = 3, labels: list[str] | None = None) -> np.ndarray:
+    """Rows of equal-size images -> one uint8 image, nearest-neighbour upscaled, each row
+    optionally labelled on the left (method names)."""
+    h, w = rows[0].shape[1:3]
+    n = max(len(r) for r in rows)
+    out = np.full((len(rows) * (h + 2), n * (w + 2), 3), 255, np.uint8)
+    for i, r in enumerate(rows):
+        for j, im in enumerate(r):
+            out[i * (h + 2) : i * (h + 2) + h, j * (w + 2) : j * (w + 2) + w] = im
+    out = out.repeat(scale, 0).repeat(scale, 1)
+    if not labels:
+        return out
+    from PIL import Image, ImageDraw
+
+    margin = 8 + 7 * max(len(t) for t in labels)
+    canvas = Image.new("RGB", (out.shape[1] + margin, out.shape[0]), "white")
+    canvas.paste(Image.fromarray(out), (margin, 0))
+    draw = ImageDraw.Draw(canvas)
+    for i, text in enumerate(labels):
+        draw.text((4, i * (h + 2) * scale + (h * scale) // 2 - 5), text, fill="black")
+    return np.asarray(canvas)
+
+
+GRID_COLUMNS = 8
+
+
+def run_grid(outputs: dict, reference: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
+    """The first ``GRID_COLUMNS`` images of every method (and the reference renders, where the
+    world draws them), labelled; small images upscaled to about 96 px. None without images."""
+    rows = [(tag, imgs[:GRID_COLUMNS]) for tag, (_, imgs) in outputs.items() if imgs is not None and len(imgs)]
+    if not rows:
+        return None
+    if reference is not None:
+        rows.append(("reference", reference[:GRID_COLUMNS]))
+    return make_grid([r for _, r in rows], scale=max(1, 96 // rows[0][1].shape[1]), labels=[t for t, _ in rows])
+
+
+def write_outputs(world_cls, summary: dict, outputs: dict, out_dir: Path, reference=None) -> list[str]:
+    """summary.json and grid.png (atomically); returns the printed lines."""
+    from coolsd.records import save_png_atomic, write_json_atomic
+
+    write_json_atomic(summary, out_dir / "summary.json")
+    grid = run_grid(outputs, reference)
+    if grid is not None:
+        save_png_atomic(grid, out_dir / "grid.png")
+    wrote = "summary.json, samples.jsonl" + (", images/, grid.png" if grid is not None else "")
+    lines = summary_lines(world_cls, summary["results"], outputs) + [f"wrote {out_dir}/{wrote}"]
+    if world_cls.next_step:
+        lines[-1] += "; " + world_cls.next_step.format(out_dir=out_dir)
+    return lines

@@ -1,1 +1,0 @@
-"""Real targets assembled from local checkpoint files (one module per model family)."""

@@ -1,0 +1,241 @@
+"""The world contract: what a target name resolves to (``target=<name>``, conf/target/<name>.yaml,
+registered in ``coolsd.worlds``).
+
+A world owns its models (target, drafter options), its prompts' condition encoder, its
+token-to-pixel decoder, the files it needs and its quality metrics; the generation job
+(``coolsd.job``) drives every world through this interface only:
+
+* before anything loads (class methods): ``missing_files(cfg)`` (every missing file at once,
+  with where it comes from), ``prompts(cfg)`` and ``dataset(cfg)`` (the prompt set and what
+  identifies it), ``quality(outputs, prompts)`` (per-method quality numbers computed from the
+  records and images: toy metrics for the toy worlds, none for real ones, whose image metrics
+  come from ``python -m coolsd.evaluate``);
+* ``load(cfg)``, then ``build_method``, ``generate`` (a batch of prompts -> one ``Sample``
+  per prompt), ``files()`` / ``settings()`` (what binds a run folder to these models and
+  sampling settings) and ``reference_images`` (the grid's last row, where the world can draw
+  the truth).
+
+``DiscreteWorld`` runs discrete methods through ``coolsd.generate`` (one loop);
+``ContinuousWorld`` runs continuous ones through ``coolsd.continuous.generate``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, NamedTuple, Optional
+
+import numpy as np
+import torch
+
+from coolsd.batch_invariant import per_sample
+from coolsd.decoding.rng import PerSampleRNG
+from coolsd.drafting import SamplingConfig, build_drafter
+from coolsd.generate import speculative_generate
+from coolsd.methods import build_method
+from coolsd.timing import device_sync
+
+
+class Sample(NamedTuple):
+    """One generated prompt: the record's measured fields (``accepted_length``, ``latency_s``,
+    counters, ...) and its uint8 (H, W, 3) image (None for worlds without images)."""
+
+    fields: dict
+    image: Optional[np.ndarray]
+
+
+class Column(NamedTuple):
+    """A column of the printed summary table: a key of the summary (a mean with ``ci95``, a
+    bootstrap ``fid`` with ``lo``/``hi``), its header and decimals."""
+
+    key: str
+    header: str
+    digits: int = 3
+
+
+SPEED_COLUMNS = (Column("accepted_length", "accepted length"), Column("latency_s", "latency s"),
+                 Column("speedup", "speed-up"))
+
+
+class World(ABC):
+    """A target: see the module docstring for the contract."""
+
+    family: ClassVar[str]  # which methods run on it (coolsd.methods.FAMILIES)
+    makes_images: ClassVar[bool] = True
+    quality_reads_images: ClassVar[bool] = False  # quality() needs every image (else the job keeps a grid's worth)
+    baseline: ClassVar[bool] = True  # the job runs each method's baseline (AR) beside it
+    # record fields summarised per method as mean [95% CI] over prompts
+    record_metrics: ClassVar[tuple[str, ...]] = ("accepted_length", "latency_s", "decode_s", "target_forwards")
+    columns: ClassVar[tuple[Column, ...]] = SPEED_COLUMNS  # the printed table
+    per_prompt_columns: ClassVar[tuple[str, ...]] = ()  # also print these record fields per prompt
+    # the paper's metric -> our column (``make paper-table2``); toy worlds name their toy metrics
+    paper_metrics: ClassVar[dict] = {"clip_score": "clip_score", "fid": "fid", "image_reward": "image_reward"}
+    next_step: ClassVar[str] = ""  # printed after a run, formatted with out_dir
+    # python -m coolsd.drafters.train: a LlamaGen-class world exposes ``target``, ``gpt``,
+    # ``encode`` and ``training_captions(n, seed, path)``
+    trains_drafters: ClassVar[bool] = False
+
+    name: str
+    device: torch.device
+
+    # ----------------------------------------------------------------- before anything loads
+    @classmethod
+    def missing_files(cls, cfg) -> list[str]:
+        """'name: path (why) -- source' for every file the target and its drafter need but lack."""
+        return []
+
+    @classmethod
+    def dataset(cls, cfg) -> dict:
+        """What identifies the prompt set (part of a run folder's identity)."""
+        d = cfg.dataset
+        return {"name": d.name, "n_prompts": int(d.n_prompts), "offset": int(d.offset)}
+
+    @classmethod
+    def prompts(cls, cfg) -> list:
+        """The prompts (each with ``.caption``), position i = prompt index ``offset + i``."""
+        from coolsd.prompts import load_prompts
+
+        return load_prompts(cfg.dataset)
+
+    @classmethod
+    def quality(cls, outputs: dict, prompts: list) -> dict:
+        """{tag: {metric: value}} from ``outputs`` {tag: (records, uint8 images)} on ``prompts``."""
+        return {}
+
+    @classmethod
+    @abstractmethod
+    def load(cls, cfg) -> "World":
+        ...
+
+    # ----------------------------------------------------------------- a loaded world
+    @abstractmethod
+    def files(self) -> dict:
+        """Identity of the files (or shipped weights) this world loaded, drafter included."""
+
+    @abstractmethod
+    def settings(self) -> dict:
+        """The sampling settings every method of a run shares (recorded in run.json and summary)."""
+
+    @abstractmethod
+    def build_method(self, name: str, params: dict, tree=None, draft_length=None):
+        """A registered method of this world's family (a family mismatch is an error listing the
+        methods that run here)."""
+
+    @abstractmethod
+    def generate(self, method, prompts: list, seeds: list[int]) -> list[Sample]:
+        """One batch of prompts, each with its own seed; equal to generating each alone (in
+        distribution; bit for bit under ``coolsd.batch_invariant``)."""
+
+    def reference_images(self, prompts: list) -> Optional[np.ndarray]:
+        return None
+
+
+def image_seconds(fn, device) -> tuple[Any, float]:
+    """(fn(), wall seconds) with the clock read after the device finished (METHODS.md 6)."""
+    sync = device_sync(device)
+    sync()
+    t0 = time.perf_counter()
+    out = fn()
+    sync()
+    return out, time.perf_counter() - t0
+
+
+class DiscreteWorld(World):
+    """A token target: ``target`` (an ``ImageTarget``: ``vocab_size``, ``n_image_tokens``),
+    ``encode(captions)`` -> its condition, ``decode_uint8(tokens)`` -> (B, H, W, 3) uint8,
+    ``drafter()`` (the configured draft model), ``neighbours`` (LANTERN's latent
+    neighbourhoods or None) and ``sampling``; every method runs through ``coolsd.generate``."""
+
+    family = "discrete"
+    target: Any
+    sampling: SamplingConfig
+    neighbours: Optional[torch.Tensor] = None
+    cfg_scale: float
+
+    @abstractmethod
+    def encode(self, captions: list[str]) -> Any:
+        ...
+
+    @abstractmethod
+    def decode_uint8(self, tokens: torch.Tensor) -> np.ndarray:
+        ...
+
+    @abstractmethod
+    def drafter(self):
+        """The draft model (an ``ARModel``) of the configured ``draft``; an error if none."""
+
+    def settings(self) -> dict:
+        return {"sampling": dataclasses.asdict(self.sampling), "cfg_scale": float(self.cfg_scale)}
+
+    def build_method(self, name: str, params: dict, tree=None, draft_length=None):
+        return build_method(name, family=self.family, tree=tree, draft_length=draft_length, neighbours=self.neighbours,
+                            **params)
+
+    def generate(self, method, prompts: list, seeds: list[int]) -> list[Sample]:
+        target = self.target
+        drafter = build_drafter(method, self.drafter() if method.drafter == "model" else None, self.sampling,
+                                target.vocab_size)
+        with torch.no_grad():
+            cond = self.encode([p.caption for p in prompts])
+            res = speculative_generate(
+                target, target.n_image_tokens, PerSampleRNG(list(seeds)), rule=method.rule, drafter=drafter,
+                tree=method.tree, sampling=self.sampling, cond=cond, batch_size=len(seeds),
+                sync=device_sync(self.device))
+            imgs, decode_s = image_seconds(lambda: per_sample(self.decode_uint8, res.tokens), self.device)
+        return [Sample({"round_lengths": res.round_lengths[b], "accepted_length": res.accepted_length(b),
+                        "target_forwards": res.target_forwards[b], "draft_forwards": res.draft_forwards,
+                        "latency_s": res.seconds, "decode_s": decode_s}, imgs[b]) for b in range(len(seeds))]
+
+
+class ContinuousWorld(World):
+    """A continuous-token target (MAR-style): ``target`` and ``draft`` models, the shared
+    ``head`` settings (``HeadConfig``), ``labels(prompts)`` -> class labels and
+    ``decode_uint8(tokens)``; methods run through ``coolsd.continuous.generate``.
+
+    Records add CSpD's counters (drafted, verified, accepted, acceptance_rate, resample_rounds,
+    fallbacks, target and draft forwards); ``accepted_length`` is tokens per target forward
+    (seq_len / target_forwards), the continuous analogue of the discrete accepted length."""
+
+    family = "continuous"
+    record_metrics = World.record_metrics + ("acceptance_rate", "draft_forwards", "resample_rounds", "fallbacks")
+    columns = (Column("acceptance_rate", "acceptance"), Column("accepted_length", "tokens/target fwd"),
+               Column("latency_s", "latency s"), Column("speedup", "speed-up"))
+    target: torch.nn.Module
+    draft: torch.nn.Module
+    head: Any
+
+    @abstractmethod
+    def labels(self, prompts: list) -> torch.Tensor:
+        ...
+
+    @abstractmethod
+    def decode_uint8(self, tokens: torch.Tensor) -> np.ndarray:
+        ...
+
+    def settings(self) -> dict:
+        return {"head": dataclasses.asdict(self.head)}
+
+    def build_method(self, name: str, params: dict, tree=None, draft_length=None):
+        return build_method(name, family=self.family, **params)
+
+    def generate(self, method, prompts: list, seeds: list[int]) -> list[Sample]:
+        from coolsd.continuous.generate import ar_generate, cspd_generate
+
+        labels = self.labels(prompts)
+
+        def run():
+            if method.name == "ar":
+                return ar_generate(self.target, labels, seeds, self.head, final_noise=method.final_noise,
+                                   final_std=method.final_std)
+            return cspd_generate(self.target, self.draft, labels, seeds, self.head, gamma=method.gamma,
+                                 mode=method.mode, verify=method.verify, prefill=method.prefill,
+                                 max_rounds=method.max_rounds, final_std=method.final_std,
+                                 inner_temperature=method.inner_temperature)
+
+        with torch.no_grad():
+            res, latency = image_seconds(run, self.device)
+            imgs, decode_s = image_seconds(lambda: per_sample(self.decode_uint8, res.tokens), self.device)
+        L = res.tokens.shape[1]
+        return [Sample({"accepted_length": L / res.counters[b]["target_forwards"], **res.counters[b],
+                        "acceptance_rate": res.acceptance_rate(b), "latency_s": latency, "decode_s": decode_s},
+                       imgs[b]) for b in range(len(seeds))]

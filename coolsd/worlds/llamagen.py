@@ -1,0 +1,97 @@
+"""``target=llamagen_xl`` / ``llamagen_xl_512``: LlamaGen-XL text-to-image from the official local
+files. The GPT (``coolsd.models.llamagen``: ``t2i_XL_stage1_256.pt`` or ``t2i_XL_stage2_512.pt``),
+FLAN-T5-XL (``coolsd.models.t5_text``), the VQ-16 tokenizer (``coolsd.models.llamagen_vq``) and
+the drafter (``draft``: LANTERN's EAGLE-1 head, ``draft=self``, or none for model-free methods).
+Every file is checked before anything is loaded; image metrics: ``python -m coolsd.evaluate``.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+
+from coolsd.decoding.lantern import neighbours_from_codebook
+from coolsd.drafters.eagle import DRAFTER_SOURCE, EagleDrafter, EagleHead, load_eagle_head
+from coolsd.drafting import SamplingConfig
+from coolsd.models.llamagen import GPT_SOURCE, LlamaGenGPT, LlamaGenTarget, gpt_config, load_gpt
+from coolsd.models.llamagen_vq import VQ_16, VQ_SOURCE, VQConfig, load_llamagen_vq
+from coolsd.models.t5_text import T5_SOURCE, T5CaptionEncoder
+from coolsd.worlds.base import DiscreteWorld
+from coolsd.worlds.files import DTYPES, file_identity, missing_paths, require_files
+
+SOURCES = {"gpt": GPT_SOURCE, "vq": VQ_SOURCE, "t5": T5_SOURCE, "drafter": DRAFTER_SOURCE}
+REAL_TARGET_HINT = "image metrics: python -m coolsd.evaluate {out_dir}"
+
+
+class LlamaGenWorld(DiscreteWorld):
+    next_step = REAL_TARGET_HINT
+    trains_drafters = True
+
+    @classmethod
+    def training_captions(cls, n: int, seed: int, path=None) -> list[str]:
+        """``train.captions``: a COCO captions file or one caption per line (never evaluation captions)."""
+        from coolsd.drafters.training import read_captions
+
+        return read_captions(path)
+
+    @classmethod
+    def missing_files(cls, cfg) -> list[str]:
+        out = missing_paths(dict(cfg.target.get("files") or {}), SOURCES)
+        d = cfg.get("draft")
+        if d is not None and d.get("kind") == "eagle":
+            out += missing_paths({"drafter": d.get("path")}, SOURCES, prefix="draft.path")
+        return out
+
+    @classmethod
+    def load(cls, cfg) -> "LlamaGenWorld":
+        t, d = cfg.target, cfg.get("draft")
+        require_files(t.name, cls.missing_files(cfg))
+        kind = d.get("kind", "eagle") if d is not None else "none"
+        if kind not in ("eagle", "self", "none"):
+            raise ValueError(f"target {t.name} drafts with an EAGLE folder (draft={t.name}) or itself (draft=self), "
+                             f"not draft kind {kind!r}")
+        device = t.get("device", "cuda")
+        gpt = load_gpt(t.files.gpt, gpt_config(t.gpt_config), DTYPES[t.get("dtype", "bfloat16")], device)
+        vq_cfg = t.get("vq_config")
+        vq = load_llamagen_vq(t.files.vq, VQConfig(**{k: tuple(v) if k == "ch_mult" else v for k, v in vq_cfg.items()})
+                              if vq_cfg else VQ_16, device=device)
+        encoder = T5CaptionEncoder.from_folder(t.files.t5, dtype=DTYPES[t.get("t5_dtype", "bfloat16")], device=device,
+                                               max_length=gpt.config.cls_token_num)
+        head = load_eagle_head(d.path, gpt) if kind == "eagle" else None
+        files = {k: file_identity(v) for k, v in t.files.items()}
+        if kind == "eagle":
+            files["drafter"] = file_identity(d.path)
+        sampling = SamplingConfig.resolve(t.get("sampling"), cfg.get("sampling"))
+        return cls(t.name, gpt, encoder, vq, float(t.cfg_scale), sampling, kind, head, files)
+
+    def __init__(self, name: str, gpt: LlamaGenGPT, encoder, vq, cfg_scale: float, sampling: SamplingConfig,
+                 draft_kind: str = "eagle", head: Optional[EagleHead] = None, files: Optional[dict] = None):
+        self.name, self.gpt, self.encoder, self.vq = name, gpt, encoder, vq
+        self.cfg_scale, self.sampling, self.draft_kind, self._files = cfg_scale, sampling, draft_kind, files or {}
+        self.device = gpt.device
+        self.neighbours = neighbours_from_codebook(vq.quantize.codebook().detach().float())
+        # LANTERN's drafters prefill every text slot's feature: the target hands them all over
+        prefix = head is not None and getattr(head, "text_prefix", True)
+        self.target = LlamaGenTarget(gpt, cfg_scale=cfg_scale, prefill_features="all" if prefix else "last")
+        if draft_kind == "self":  # the target drafts for itself (its own caches)
+            self._drafter = LlamaGenTarget(gpt, cfg_scale=cfg_scale)
+        elif head is not None:
+            self._drafter = EagleDrafter.for_target(head, self.target, text_prefix=prefix)
+        else:
+            self._drafter = None
+
+    def files(self) -> dict:
+        return self._files
+
+    def encode(self, captions):
+        return self.encoder.encode(captions)
+
+    def decode_uint8(self, tokens: torch.Tensor) -> np.ndarray:
+        return self.vq.decode_uint8(tokens)
+
+    def drafter(self):
+        if self._drafter is None:
+            raise ValueError(f"this method drafts with a model, but target {self.name} has no drafter configured "
+                             f"(draft={self.name} draft.path=... or draft=self)")
+        return self._drafter

@@ -1,0 +1,82 @@
+"""``target=mar_h`` / ``mar_l``: MAR class-conditional ImageNet 256 from the official local files,
+with ``draft=mar_b`` / ``mar_large`` (a second MAR checkpoint) or ``draft=self``: the MAR target
+and draft (``coolsd.models.mar``, ``checkpoint-last.pth``, EMA weights) and the KL-16 VAE
+(``coolsd.models.kl16_vae``, ``kl16.ckpt``). Every file is checked before anything is loaded;
+prompts are class labels (``dataset=imagenet``).
+"""
+from __future__ import annotations
+
+import torch
+from omegaconf import OmegaConf
+
+from coolsd.continuous.generate import HeadConfig
+from coolsd.models.kl16_vae import KL16_SOURCE, KLVAEConfig, decode_tokens, load_kl16
+from coolsd.models.mar import MAR_CONFIGS, MAR_SOURCE, MARConfig, load_mar
+from coolsd.worlds.base import ContinuousWorld
+from coolsd.worlds.files import DTYPES, file_identity, missing_paths, require_files
+
+SOURCES = {"checkpoint": MAR_SOURCE, "vae": KL16_SOURCE}
+
+
+def _arch(arch, where: str) -> MARConfig:
+    """A released architecture by name, or a mapping of ``MARConfig`` fields (own variants)."""
+    arch = OmegaConf.to_object(arch) if OmegaConf.is_config(arch) else arch
+    if isinstance(arch, str):
+        if arch not in MAR_CONFIGS:
+            raise ValueError(f"{where}={arch!r} is not a MAR architecture; valid: {', '.join(MAR_CONFIGS)}, or a mapping "
+                             f"of MARConfig fields")
+        return MAR_CONFIGS[arch]
+    fields = dict(arch)
+    unknown = sorted(set(fields) - set(MARConfig.__dataclass_fields__))
+    if unknown:
+        raise ValueError(f"{where} has unknown MARConfig field(s) {unknown}; valid: {sorted(MARConfig.__dataclass_fields__)}")
+    return MARConfig(**fields)
+
+
+class MARWorld(ContinuousWorld):
+    @classmethod
+    def missing_files(cls, cfg) -> list[str]:
+        d = cfg.get("draft")
+        out = missing_paths(dict(cfg.target.files), SOURCES)
+        if d is not None and d.get("kind") == "mar":
+            out += missing_paths({"checkpoint": d.files.checkpoint}, SOURCES, prefix="draft.files")
+        return out
+
+    @classmethod
+    def load(cls, cfg) -> "MARWorld":
+        t, d = cfg.target, cfg.get("draft")
+        head = HeadConfig(**t.head)
+        target_arch = _arch(t.arch, "target.arch")
+        if d is None or d.get("kind") not in ("mar", "self"):
+            raise ValueError("a MAR target drafts with a MAR checkpoint (draft=mar_b or draft=mar_large) or itself "
+                             "(draft=self)")
+        draft_arch = None
+        if d.kind == "mar":
+            draft_arch = _arch(d.arch, "draft.arch")
+            if (draft_arch.seq_len, draft_arch.token_dim) != (target_arch.seq_len, target_arch.token_dim):
+                raise ValueError("draft and target must share the token grid and dim (the same VAE)")
+        require_files(t.name, cls.missing_files(cfg))
+        device, dtype = t.get("device", "cuda"), DTYPES[t.get("dtype", "float32")]
+        target = load_mar(t.files.checkpoint, target_arch, dtype=dtype, device=device)
+        draft = target if draft_arch is None else load_mar(d.files.checkpoint, draft_arch, dtype=dtype, device=device)
+        vae_cfg = t.get("vae")  # null = the KL-16 VAE; a mapping of KLVAEConfig fields otherwise (tests: tiny)
+        vae = load_kl16(t.files.vae, KLVAEConfig(**{k: tuple(v) if isinstance(v, (list, tuple)) or OmegaConf.is_list(v)
+                                                    else v for k, v in vae_cfg.items()}) if vae_cfg else KLVAEConfig(),
+                        device=device)
+        files = {"checkpoint": file_identity(t.files.checkpoint), "vae": file_identity(t.files.vae),
+                 **({"draft": file_identity(d.files.checkpoint)} if draft_arch is not None else {})}
+        return cls(t.name, target, draft, head, vae, target_arch.side, files)
+
+    def __init__(self, name, target, draft, head: HeadConfig, vae, side: int, files: dict):
+        self.name, self.target, self.draft, self.head, self.vae, self.side = name, target, draft, head, vae, side
+        self._files = files
+        self.device = next(target.parameters()).device
+
+    def files(self) -> dict:
+        return self._files
+
+    def labels(self, prompts) -> torch.Tensor:
+        return torch.tensor([p.label for p in prompts], dtype=torch.long)
+
+    def decode_uint8(self, tokens):
+        return decode_tokens(self.vae, tokens, self.side, self.side)

@@ -1,0 +1,123 @@
+"""``target=toy``: the embedded toy text-to-image world (coolsd.toy; weights shipped in the repo).
+
+LlamaGen's GPT class over a 512-code VQ tokenizer of 32x32 scenes, a small caption encoder in
+place of T5, and drafters: the shipped EAGLE-1 head (``draft=toy``), the target itself
+(``draft=self``), or an EAGLE folder (``draft=llamagen_xl draft.path=...``, e.g. one trained by
+``python -m coolsd.drafters.train target=toy``). Quality: ``toy_clip`` and ``toy_fid``
+(coolsd.metrics.toy) against renders of the prompts' scenes.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import numpy as np
+import torch
+
+from coolsd.decoding.lantern import neighbours_from_codebook
+from coolsd.drafters.eagle import EagleDrafter, load_eagle_head
+from coolsd.drafting import SamplingConfig
+from coolsd.models.llamagen import LlamaGenTarget
+from coolsd.worlds.base import SPEED_COLUMNS, Column, DiscreteWorld
+
+DRAFTS = ("shipped", "self", "eagle")
+TOY_COLUMNS = (Column("toy_clip", "toy_clip"), Column("toy_fid", "toy_fid", 1))
+TOY_PAPER_METRICS = {"clip_score": "toy_clip", "fid": "toy_fid", "image_reward": None}
+
+
+@functools.lru_cache(maxsize=1)
+def _toy_features():
+    from coolsd.toy.assets import toy_feature_extractor
+
+    return toy_feature_extractor()
+
+
+def toy_quality(outputs: dict, prompts: list) -> dict:
+    """toy_clip / toy_fid (and their paired differences to ``ar``) of every method, with the
+    shipped feature network, when the prompts are toy scenes; {} otherwise."""
+    from coolsd.metrics.toy import toy_quality as quality
+    from coolsd.toy.scenes import Scene
+
+    if not prompts or not all(isinstance(p, Scene) for p in prompts):
+        return {}
+    return quality(_toy_features(), {tag: imgs for tag, (_, imgs) in outputs.items()}, prompts)
+
+
+def toy_reference(prompts: list) -> Optional[np.ndarray]:
+    from coolsd.toy.scenes import Scene, render_batch
+
+    return render_batch(prompts) if prompts and all(isinstance(p, Scene) for p in prompts) else None
+
+
+def draft_kind(cfg, default: str, valid: tuple[str, ...], target: str, hint: str) -> str:
+    """The configured ``draft.kind`` (the target's default without a draft config), validated."""
+    kind = (cfg.get("draft") or {}).get("kind", default)
+    if kind not in valid:
+        raise ValueError(f"target {target} drafts with {hint}, not draft kind {kind!r}")
+    return kind
+
+
+class ToyWorld(DiscreteWorld):
+    columns = SPEED_COLUMNS + TOY_COLUMNS
+    paper_metrics = TOY_PAPER_METRICS
+    quality_reads_images = True
+
+    @classmethod
+    def quality(cls, outputs, prompts):
+        return toy_quality(outputs, prompts)
+
+    trains_drafters = True
+
+    @classmethod
+    def training_captions(cls, n: int, seed: int, path=None) -> list[str]:
+        """The toy world's own scenes (a seed range disjoint from the evaluation prompts')."""
+        from coolsd.toy.scenes import sample_scenes
+
+        return [s.caption for s in sample_scenes(n, 31_000_000 + seed)]
+
+    @classmethod
+    def missing_files(cls, cfg) -> list[str]:
+        from coolsd.worlds.files import missing_paths
+
+        d = cfg.get("draft") or {}
+        return missing_paths({"drafter": d.get("path")}, {"drafter": "python -m coolsd.drafters.train target=toy"},
+                             prefix="draft.path") if d.get("kind") == "eagle" else []
+
+    @classmethod
+    def load(cls, cfg) -> "ToyWorld":
+        from coolsd.toy.assets import load_toy_assets
+
+        kind = draft_kind(cfg, "shipped", DRAFTS, "toy", "its shipped drafter (draft=toy), itself (draft=self) or an "
+                          "EAGLE folder (draft=llamagen_xl draft.path=...)")
+        return cls(load_toy_assets(cfg.target.get("assets")), cfg, kind)
+
+    def __init__(self, assets, cfg, draft: str):
+        self.name, self.assets, self.draft_kind = "toy", assets, draft
+        self.cfg_scale = float(cfg.target.cfg_scale)
+        self.sampling = SamplingConfig.resolve(cfg.target.get("sampling"), cfg.get("sampling"))
+        self.gpt, self.vq, self.encoder = assets.gpt, assets.vq, assets.encoder
+        self.device = self.gpt.device
+        self.neighbours = neighbours_from_codebook(self.vq.codebook.detach())
+        self.target = LlamaGenTarget(self.gpt, cfg_scale=self.cfg_scale)
+        self.draft_path = str(cfg.draft.path) if draft == "eagle" else None
+        if draft == "self":  # the target drafts for itself (its own caches): EAGLE accepts every token
+            self._drafter = LlamaGenTarget(self.gpt, cfg_scale=self.cfg_scale)
+        else:
+            head = load_eagle_head(self.draft_path, self.gpt) if draft == "eagle" else assets.head
+            self._drafter = EagleDrafter.for_target(head, self.target)
+
+    def files(self) -> dict:
+        return {"assets": self.assets.manifest["sha256"], **({"draft": self.draft_kind} if self.draft_kind != "shipped" else {}),
+                **({"draft_path": self.draft_path} if self.draft_path else {})}
+
+    def encode(self, captions):
+        return self.encoder.encode(captions)
+
+    def decode_uint8(self, tokens: torch.Tensor) -> np.ndarray:
+        return self.vq.decode_uint8(tokens)
+
+    def drafter(self):
+        return self._drafter
+
+    def reference_images(self, prompts):
+        return toy_reference(prompts)

@@ -1,0 +1,50 @@
+"""``target=toy_continuous``: the toy scenes as 8x8 grids of 16-dim PCA patch tokens, a MAR target
+and a smaller MAR draft (coolsd.toy.continuous; weights shipped in coolsd/toy/assets/continuous_*).
+Drafts: the shipped draft (``draft=toy_continuous``) or the target itself (``draft=self``).
+Quality: ``toy_fid`` and ``toy_clip`` with the discrete toy world's feature network."""
+from __future__ import annotations
+
+import torch
+
+from coolsd.continuous.generate import HeadConfig
+from coolsd.worlds.base import Column, ContinuousWorld
+from coolsd.worlds.toy import TOY_PAPER_METRICS, draft_kind, toy_quality, toy_reference
+
+
+class ToyContinuousWorld(ContinuousWorld):
+    columns = ContinuousWorld.columns + (Column("toy_fid", "toy_fid", 1),)
+    paper_metrics = TOY_PAPER_METRICS
+    quality_reads_images = True
+
+    @classmethod
+    def quality(cls, outputs, prompts):
+        return toy_quality(outputs, prompts)
+
+    @classmethod
+    def load(cls, cfg) -> "ToyContinuousWorld":
+        from coolsd.toy.continuous import load_toy_continuous
+
+        kind = draft_kind(cfg, "shipped", ("shipped", "self"), "toy_continuous",
+                          "its shipped draft (draft=toy_continuous) or itself (draft=self)")
+        head = HeadConfig(**cfg.target.head)
+        return cls(load_toy_continuous(cfg.target.get("assets")), head, kind)
+
+    def __init__(self, assets, head: HeadConfig, draft: str):
+        self.name, self.assets, self.head, self.draft_kind = "toy_continuous", assets, head, draft
+        self.target = assets.target
+        self.draft = assets.target if draft == "self" else assets.draft
+        self.device = next(self.target.parameters()).device
+
+    def files(self) -> dict:
+        return {"sha256": self.assets.manifest["sha256"], "draft": self.draft_kind}
+
+    def labels(self, prompts) -> torch.Tensor:
+        from coolsd.toy.continuous import scene_labels
+
+        return scene_labels(prompts)
+
+    def decode_uint8(self, tokens):
+        return self.assets.codec.decode(tokens)
+
+    def reference_images(self, prompts):
+        return toy_reference(prompts)
