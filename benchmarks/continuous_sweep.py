@@ -40,12 +40,12 @@ def run_point(world, batch: int, mode: str, settings: dict, gammas, n: int, reco
     """AR and every gamma of one mode in one run folder of the generation job (coolsd.job)."""
     cspd = {f"cspd_g{g}": world.build_method("cspd", {"gamma": g, **settings}) for g in gammas}
     runs = {"ar": next(iter(cspd.values())).baseline(), **cspd}
-    prompts = world.prompts(compose("target=toy_continuous", f"dataset.n_prompts={n}"))
-    identity = run_identity(world, runs, seed=seed, dataset={"name": "toy", "n_prompts": n, "offset": 0}, threads=threads,
-                            batch_size=batch)
+    cfg = compose("target=toy_continuous", f"dataset.n_prompts={n}")
+    identity = run_identity(world, runs, seed=seed, dataset=world.dataset(cfg), threads=threads, batch_size=batch)
+    prompts = world.prompts(cfg)
     outputs, prompts, failures = run_shard(world, runs, prompts, records / f"b{batch}_{mode}", identity, seed=seed,
                                            batch_size=batch)
-    return results_table(type(world), outputs, prompts), outputs, failures
+    return results_table(type(world), outputs, prompts, world.files()), outputs, failures
 
 
 def rows_of(table: dict, batch: int, mode: str) -> list[dict]:

@@ -72,7 +72,8 @@ def main(argv=None) -> dict:
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "summary.json").write_text(json.dumps({"env": env, "rows": list(rows.values())}, indent=1))
     md = [f"Toy world, {a.prompts} prompts, CPU {env['cpu']} ({a.threads} thread), chain L=4, CFG {env['cfg_scale']}; "
-          "every configuration on the same prompts and seeds in one run; batch invariant = "
+          "every configuration on the same prompts and seeds in one run; images / s of generation (the loop's "
+          "latency_s: prompt encoding and decoding excluded); batch invariant = "
           "`deterministic.batch_invariant=true` (coolsd.batch_invariant).", "",
           "| batch | method | batch invariant | images / s | accepted length | vs AR (same batch) | "
           "vs batch 1 (same method) | vs default kernels | images = batch 1 |",

@@ -14,12 +14,15 @@ sample as it would be computed alone:
   sample's own span of keys (in a batch the span is the longest sample's, and a softmax or a
   weighted sum over more keys rounds differently even where the extra weights are 0);
 * a prefill of prompts of different lengths (Lumina-mGPT) runs each prompt alone;
-* decoding tokens to pixels runs image by image (``per_sample``: convolutions choose their
-  algorithm by batch size).
+* encoding the prompts and decoding tokens to pixels run prompt by prompt (``per_sample``:
+  encoders batch their matrix products, convolutions choose their algorithm by batch size), and
+  PyTorch's fused transformer-encoder fast path (which bypasses ``F.linear``) is off.
 
-Attention inside one sample, norms, softmax, sampling and verification are row-independent
-already. The cost (measured in the README) is the loss of batching in those operations; tokens,
-records and images then equal the batch-1 run's exactly, at the same thread count.
+Norms, softmax, sampling and verification are row-independent already. The cost (measured in the
+README) is the loss of batching in those operations; tokens and images then equal the batch-1
+run's exactly, at the same thread count (records differ only in timings, ``batch_size`` and the
+per-batch ``draft_forwards``). Checked on CPUs; on a GPU the same code runs, not yet verified
+bit for bit there.
 """
 from __future__ import annotations
 
@@ -53,20 +56,33 @@ def batch_invariant(enabled: bool = True):
     if not enabled or _ACTIVE[0]:
         yield
         return
-    original = F.linear
+    original, fastpath = F.linear, torch.backends.mha.get_fastpath_enabled()
     F.linear = _rowwise_linear
+    torch.backends.mha.set_fastpath_enabled(False)
     _ACTIVE[0] = True
     try:
         yield
     finally:
         F.linear = original
+        torch.backends.mha.set_fastpath_enabled(fastpath)
         _ACTIVE[0] = False
 
 
+def _concat(parts):
+    first = parts[0]
+    if isinstance(first, dict):
+        return {k: _concat([p[k] for p in parts]) for k in first}
+    if isinstance(first, np.ndarray):
+        return np.concatenate(parts)
+    if isinstance(first, torch.Tensor):
+        return torch.cat(parts)
+    return [x for p in parts for x in p]
+
+
 def per_sample(fn, x):
-    """``fn(x)`` over the batch dim of ``x``; inside ``batch_invariant()`` one sample at a time,
-    concatenated (numpy or torch, as ``fn`` returns)."""
+    """``fn(x)`` over the first dim of ``x`` (a tensor, array or list); inside
+    ``batch_invariant()`` one sample at a time, the outputs (tensors, arrays, lists, or dicts of
+    them) concatenated."""
     if not _ACTIVE[0] or len(x) <= 1:
         return fn(x)
-    parts = [fn(x[b : b + 1]) for b in range(len(x))]
-    return np.concatenate(parts) if isinstance(parts[0], np.ndarray) else torch.cat(parts)
+    return _concat([fn(x[b : b + 1]) for b in range(len(x))])

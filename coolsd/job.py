@@ -28,7 +28,7 @@ from coolsd.summary import GRID_COLUMNS, summarize, write_outputs
 from coolsd.timing import hardware_name
 from coolsd.worlds import world_class
 
-TIMING_KEYS = ("latency_s", "decode_s", "hardware")  # differ between processes and machines; nothing else may
+TIMING_KEYS = ("latency_s", "decode_s", "hardware")  # differ between processes and machines (a sample's own numbers)
 
 
 def prompt_seed(run_seed: int, index: int) -> int:
@@ -48,7 +48,7 @@ def job_methods(world, cfg) -> dict:
     is ``ar``, ``baseline=false`` or the world runs none)."""
     name, params = method_from_cfg(cfg)
     method = world.build_method(name, params, cfg.tree.name, cfg.tree.get("draft_length"))
-    if name == "ar" or not cfg.get("baseline", True) or not world.baseline:
+    if name == "ar" or not cfg.get("baseline", True) or not world.runs_baseline:
         return {name: method}
     return {"ar": method.baseline(), name: method}
 
@@ -59,7 +59,7 @@ def run_identity(world, methods: dict, *, seed: int, dataset: dict, threads: int
     seed, prompts, threads; the batch size (latencies depend on it) and the shard count."""
     return {"target": world.name, "world": world.files(), "settings": world.settings(),
             "methods": {t: m.describe() for t, m in methods.items()}, **({"method": method} if method else {}),
-            "seed": int(seed), "dataset": dataset, "device": str(world.device), "threads": int(threads),
+            "seed": int(seed), "dataset": dataset, "device": torch.device(world.device).type, "threads": int(threads),
             **shard.identity(), **({"batch_size": batch_size} if batch_size > 1 else {}),
             **({"batch_invariant": True} if invariant else {})}
 
@@ -88,20 +88,21 @@ def records_or_failures(world, method, prompts, idxs, seeds, tag) -> list:
                   "params": method.describe(), "error": f"non-finite target logits at image token {e.position}"}, None)]
 
 
-def kept_images(world_cls) -> Optional[int]:
-    """How many images per method a run keeps in memory: all where the world's quality reads
-    them (the toy worlds' 32 px images), else the grid's first ``GRID_COLUMNS``."""
-    return None if world_cls.quality_reads_images else GRID_COLUMNS
+def kept_images(world_cls, at_least: int = GRID_COLUMNS) -> Optional[int]:
+    """How many images per method a run keeps in memory: all (None) where the world's quality
+    reads them (the toy worlds' 32 px images), else the first ``at_least`` (the grid's, or
+    more for the tracker)."""
+    return None if world_cls.quality_reads_images else max(at_least, GRID_COLUMNS)
 
 
 def read_image(folder: Path, record: dict) -> np.ndarray:
     return np.asarray(Image.open(folder / record["image"]).convert("RGB"))
 
 
-def collect(world_cls, methods, records: dict, folder: Path, positions: list[int], fresh_images: dict) -> dict:
+def collect(world_cls, methods, records: dict, folder: Path, positions: list[int], fresh_images: dict,
+            keep: Optional[int] = GRID_COLUMNS) -> dict:
     """{tag: (records, images)} in prompt order over ``positions`` (prompt indices), images from
-    memory or read back from the PNGs (``kept_images`` of them), None for worlds without images."""
-    keep = kept_images(world_cls)
+    memory or read back from the PNGs (``keep`` of them, None: all), None for worlds without images."""
     out = {}
     for tag in methods:
         rows = [records[(tag, p)] for p in positions]
@@ -115,19 +116,20 @@ def collect(world_cls, methods, records: dict, folder: Path, positions: list[int
 
 
 def run_methods(world, methods: dict, prompts: list, indices: list[int], run_seed: int, writer: RecordWriter,
-                done: list[dict] | None = None, batch_size: int = 1) -> tuple[dict, dict]:
+                done: list[dict] | None = None, batch_size: int = 1, keep_images: int = GRID_COLUMNS
+                ) -> tuple[dict, dict]:
     """Every method on every prompt (``indices``: each prompt's index), in batches of
     ``batch_size``, methods interleaved per batch. ``done``: records of an interrupted run in
     the same folder, whose (method, prompt) pairs are skipped. Returns (outputs {tag:
-    (records, images)} over the prompts where every method succeeded, {tag: failed prompt
-    indices})."""
+    (records, images)} over the prompts where every method succeeded (``kept_images`` of the
+    images), {tag: failed prompt indices})."""
     have = {(r["method"], r["prompt_index"]): r for r in (done or [])}
     n_todo = sum((tag, indices[i]) not in have for i in range(len(prompts)) for tag in methods)
-    if n_todo:
+    if n_todo and world.warmup:
         for tag, m in methods.items():  # warm-up at the run's batch size, excluded
             k = min(batch_size, len(prompts))
             world.generate(m, prompts[:k], list(range(k)))
-    keep = kept_images(type(world))
+    keep = kept_images(type(world), keep_images)
     fresh = {}
     with tqdm(total=len(prompts) * len(methods), initial=len(prompts) * len(methods) - n_todo,
               desc="samples", unit="img") as bar:
@@ -145,15 +147,16 @@ def run_methods(world, methods: dict, prompts: list, indices: list[int], run_see
                     if img is not None and (keep is None or i < keep):
                         fresh[(tag, idx)] = img
                 bar.update(len(pos))
-    failures = {tag: sorted(idx for (t, idx), r in have.items() if t == tag and "error" in r and idx in set(indices))
+    mine = set(indices)
+    failures = {tag: sorted(idx for (t, idx), r in have.items() if t == tag and "error" in r and idx in mine)
                 for tag in methods}
     failed = {idx for v in failures.values() for idx in v}
     ok = [idx for idx in indices if idx not in failed]  # methods are compared on the prompts all completed
-    return collect(type(world), methods, have, writer.dir, ok, fresh), {t: v for t, v in failures.items() if v}
+    return collect(type(world), methods, have, writer.dir, ok, fresh, keep), {t: v for t, v in failures.items() if v}
 
 
 def run_shard(world, methods: dict, prompts: list, out_dir: Path, identity: dict, *, seed: int, offset: int = 0,
-              batch_size: int = 1, shard: Shard = Shard()):
+              batch_size: int = 1, shard: Shard = Shard(), keep_images: int = GRID_COLUMNS):
     """Claim the run folder, resume this shard's records and generate the rest. Returns
     (outputs, the prompts they cover, failures); with ``shard.count`` > 1 they cover this
     shard's prompts only (the summary comes from ``coolsd.merge``)."""
@@ -163,7 +166,8 @@ def run_shard(world, methods: dict, prompts: list, out_dir: Path, identity: dict
         print(f"resuming {out_dir}: {len(done)} of {len(positions) * len(methods)} samples already there")
     mine = [prompts[i] for i in positions]
     outputs, failures = run_methods(world, methods, mine, [offset + i for i in positions], seed,
-                                    RecordWriter(out_dir, shard.records_name), done=done, batch_size=batch_size)
+                                    RecordWriter(out_dir, shard.records_name), done=done, batch_size=batch_size,
+                                    keep_images=keep_images)
     kept = {r["prompt_index"] for r in next(iter(outputs.values()))[0]} if outputs else set()
     return outputs, [p for i, p in zip(positions, mine) if offset + i in kept], failures
 
@@ -205,17 +209,18 @@ def run_job(cfg, out_dir: Path, world=None) -> dict:
     check_method(world_cls, cfg)
     require_files(cfg.target.name, world_cls.missing_files(cfg))  # every missing file at once, before any work
     prompts = world_cls.prompts(cfg)
+    logger = make_logger(cfg.get("logger"), OmegaConf.to_container(cfg, resolve=True),  # a missing extra fails here
+                         name=f"{cfg.target.name}/{cfg.method.name}/{out_dir.name}")
     torch.set_num_threads(threads)
     world = world or world_cls.load(cfg)
     methods = job_methods(world, cfg)
     dataset = world_cls.dataset(cfg)
     identity = run_identity(world, methods, seed=cfg.seed, dataset=dataset, threads=threads, batch_size=batch,
                             shard=shard, invariant=invariant, method=list(methods)[-1])
-    logger = make_logger(cfg.get("logger"), OmegaConf.to_container(cfg, resolve=True),
-                         name=f"{world.name}/{list(methods)[-1]}/{out_dir.name}")  # a missing extra fails here
     with batch_invariant(invariant):
         outputs, prompts, failures = run_shard(world, methods, prompts, out_dir, identity, seed=cfg.seed,
-                                               offset=int(dataset.get("offset", 0)), batch_size=batch, shard=shard)
+                                               offset=int(dataset.get("offset", 0)), batch_size=batch, shard=shard,
+                                               keep_images=int((cfg.get("logger") or {}).get("n_images", 0)))
     if shard.count > 1:
         logger.finish()
         print(f"shard {shard.index} of {shard.count} done ({len(prompts)} prompts); when every shard is done: "

@@ -18,7 +18,7 @@ import json
 import shutil
 from pathlib import Path
 
-from coolsd.job import TIMING_KEYS, collect
+from coolsd.job import TIMING_KEYS, collect, kept_images
 from coolsd.records import identity_diff, read_records, write_json_atomic
 from coolsd.shards import SHARD_FILE
 from coolsd.summary import summarize, summary_lines
@@ -29,7 +29,11 @@ def _identity(folder: Path) -> dict:
     path = folder / "run.json"
     if not path.is_file():
         raise FileNotFoundError(f"{folder} holds no run.json: not a run folder")
-    return json.loads(path.read_text())
+    ident = json.loads(path.read_text())
+    if not {"target", "settings", "world"} <= set(ident):
+        raise ValueError(f"{path} was written by an older coolsd (before the world registry): merge it with that "
+                         "version, or rerun the shards into a new folder")
+    return ident
 
 
 def _ranges(xs: list[int]) -> str:
@@ -108,7 +112,7 @@ def summarize_records(folder: Path, ident: dict, records: dict, prompts: list[in
     (``coolsd.summary.summarize``), the world's quality included (the toy worlds read their
     images back)."""
     world_cls = world_class(ident["target"])
-    outputs = collect(world_cls, ident["methods"], records, folder, prompts, {})
+    outputs = collect(world_cls, ident["methods"], records, folder, prompts, {}, kept_images(world_cls))
     ds = ident["dataset"]
     pool = []
     if prompts and world_cls.quality_reads_images:  # the prompts themselves (toy scenes) only where quality reads them

@@ -15,9 +15,11 @@ from coolsd.stats import mean_ci, ratio_ci
 SPEEDUP_REFERENCE = "ar on the same prompts, same machine, same run (same batch size)"
 
 
-def results_table(world_cls, outputs: dict, prompts: list) -> dict:
+def results_table(world_cls, outputs: dict, prompts: list, files: dict) -> dict:
     """{tag: {"params", <record metric>: mean_ci, "images_per_s", "speedup",
-    "speedup_per_accepted_length", <quality>}} from ``outputs`` {tag: (records, images)}."""
+    "speedup_per_accepted_length", <quality>}} from ``outputs`` {tag: (records, images)} (empty
+    where no prompt was completed by every method); ``files``: the world's ``files()``."""
+    outputs = {tag: out for tag, out in outputs.items() if out[0]}
     table = {}
     for tag, (rows, _) in outputs.items():
         e = {"params": rows[0]["params"]}
@@ -32,7 +34,7 @@ def results_table(world_cls, outputs: dict, prompts: list) -> dict:
             if "accepted_length" in e:
                 e["speedup_per_accepted_length"] = e["speedup"]["mean"] / e["accepted_length"]["mean"]
         table[tag] = e
-    for tag, q in world_cls.quality(outputs, prompts).items():
+    for tag, q in (world_cls.quality(outputs, prompts, files) if outputs else {}).items():
         table[tag].update(q)
     return table
 
@@ -49,7 +51,7 @@ def summarize(world_cls, identity: dict, outputs: dict, prompts: list, failures:
             "batch_size": identity.get("batch_size", 1),
             **({"batch_invariant": True} if identity.get("batch_invariant") else {}),
             "speedup_reference": SPEEDUP_REFERENCE, "failures": failures,
-            "results": results_table(world_cls, outputs, prompts)}
+            "results": results_table(world_cls, outputs, prompts, identity["world"])}
 
 
 def _cell(v, digits: int) -> str:

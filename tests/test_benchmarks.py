@@ -20,3 +20,31 @@ def test_gpu_benchmark_smoke_run(tmp_path):
     assert json.loads((tmp_path / "tiny_cpu.json").read_text())["image_tokens"] == 16
     assert "| eagle_self |" in (tmp_path / "tiny_cpu.md").read_text()
     assert bench.bandwidth_of("NVIDIA H200") == 4800 and bench.bandwidth_of("NVIDIA A100-SXM4-40GB") == 1555
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_toy_throughput_smoke_run_and_the_batch_invariant_rows(tmp_path):
+    """benchmarks/toy_throughput.py on 3 prompts: every (batch, method, flag) row, and with
+    ``batch_invariant`` the batch-2 images equal the batch-1 images."""
+    rows = _load("toy_throughput").main(["--prompts", "3", "--batches", "1,2", "--out", str(tmp_path)])
+    assert len(rows) == 2 * 3 * 2
+    for (B, tag, inv), r in rows.items():
+        assert r["images_per_s"] > 0 and r["accepted_length"] >= 1.0
+        if inv:
+            assert r["images_equal_batch1"], (B, tag)
+    assert "| 2 | coolsd_2 | yes |" in (tmp_path / "table.md").read_text()
+
+
+def test_toy_sweep_smoke_run(tmp_path):
+    """benchmarks/toy_sweep.py (make demo) on 2 prompts: the table, plot and grid from one run folder."""
+    _load("toy_sweep").main(["--prompts", "2", "--out", str(tmp_path / "out"), "--records", str(tmp_path / "rec")])
+    table = (tmp_path / "out" / "table.md").read_text()
+    assert all(f"| {tag} |" in table for tag in ("ar", "eagle", "coolsd_2", "sjd"))
+    assert {"table.csv", "summary.json", "pareto.png", "grid.png"} <= {p.name for p in (tmp_path / "out").iterdir()}
+    assert json.loads((tmp_path / "rec" / "run.json").read_text())["target"] == "toy"

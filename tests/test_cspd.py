@@ -21,6 +21,7 @@ def _draft(mu_q, s_q, n, seed):
     return mu_q + s_q * torch.randn(n, mu_q.shape[-1], generator=G(seed), dtype=torch.float64)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("C", [1, 16])
 def test_exact_mode_reproduces_the_target_gaussian(C):
     n = 20000
@@ -41,6 +42,7 @@ def test_exact_mode_reproduces_the_target_gaussian(C):
     assert not v.fallback.any() and v.rounds[v.accepted].eq(0).all()
 
 
+@pytest.mark.slow
 def test_reflection_coupling_reaches_one_minus_tv_and_is_exact():
     n, C, s = 20000, 16, 0.1
     mu_q, mu_p = torch.zeros(n, C, dtype=torch.float64), torch.full((n, C), 0.05, dtype=torch.float64)
@@ -53,6 +55,7 @@ def test_reflection_coupling_reaches_one_minus_tv_and_is_exact():
     assert np.abs(out.std(0) - s).max() < 0.03 * s
 
 
+@pytest.mark.slow
 def test_paper_rule_with_sigma_not_one_is_biased():
     """Negative control (continuous_sd.md 4.4): with log Sigma = +3 the output mean moves toward
     the draft, so the exactness test above can fail."""

@@ -43,6 +43,7 @@ LAB_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method,params", LAB_CASES, ids=[f"{m}-{p}" for m, p in LAB_CASES])
 def test_sampled_matches_exact(lab_pair, method, params):
     P, Q = lab_pair
@@ -54,6 +55,7 @@ def test_sampled_matches_exact(lab_pair, method, params):
     assert abs(z) < 4, (s["mean_rounds"], e["expected_rounds"])
 
 
+@pytest.mark.slow
 def test_sjd_is_lossless_in_the_lab(lab_pair):
     P, _ = lab_pair
     s = sample_stats(P, P, "sjd", 3, N_SAMPLES, seed=12)
@@ -119,6 +121,7 @@ def tree_pair():
     return P, TabularAR.mix(P, TabularAR.random(4, 4, seed=22), 0.7)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["eagle", "sjd"])
 def test_tree_verification_is_lossless(tree_pair, method):
     P, Q = tree_pair
@@ -130,6 +133,7 @@ def test_tree_verification_is_lossless(tree_pair, method):
         assert s["accepted_length"] > chain
 
 
+@pytest.mark.slow
 def test_negative_control_fails_the_lossless_test(tree_pair):
     P, Q = tree_pair
     s = sample_stats(P, Q, "_always_accept", 3, N_SAMPLES, seed=31, tree=DEPTH3_TREE)

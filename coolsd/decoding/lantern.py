@@ -1,9 +1,6 @@
 """LANTERN / LANTERN++ latent neighbourhoods and aggregated probabilities (METHODS.md 3)."""
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
-
 import torch
 
 
@@ -19,21 +16,6 @@ def neighbours_from_codebook(codebook: torch.Tensor, k: int | None = None) -> to
     dist.fill_diagonal_(float("inf"))
     order = torch.sort(dist, dim=1, stable=True).indices
     return order[:, :k].contiguous()
-
-
-def cached_neighbours(codebook: torch.Tensor, cache_dir: str | Path, k: int) -> torch.Tensor:
-    """``neighbours_from_codebook`` cached on disk, keyed by the codebook's bytes and k."""
-    cb = codebook.detach().cpu().double().contiguous()
-    key = hashlib.sha1(cb.numpy().tobytes()).hexdigest()[:16]
-    path = Path(cache_dir) / f"neighbours_{key}_k{k}.pt"
-    if path.exists():
-        return torch.load(path, weights_only=True)
-    nb = neighbours_from_codebook(cb, k)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(nb, tmp)
-    tmp.replace(path)
-    return nb
 
 
 def aggregate(

@@ -1,11 +1,12 @@
 """Continuous speculative decoding (CSpD; METHODS.md 5, continuous_sd.md 2) for diffusion-head
-targets, and the continuous family's method object (``coolsd.continuous.generate`` runs it)."""
+targets, and the continuous family's method object: its settings, its baseline and the call of
+its loop (``coolsd.continuous.generate``)."""
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 
-from coolsd.continuous.generate import check_settings
+from coolsd.continuous.generate import ar_generate, check_settings, cspd_generate
 from coolsd.methods.registry import register_method
 
 CONTINUOUS_METHODS = ("ar", "cspd")
@@ -47,6 +48,14 @@ class ContinuousMethod:
     def baseline(self) -> "ContinuousMethod":
         """The target alone, sampled as this method samples (the exact mode's final-step noise)."""
         return dataclasses.replace(self, name="ar")
+
+    def generate(self, target, draft, labels, seeds, head):
+        """One batch through the continuous loop: the target alone (``ar``) or CSpD."""
+        if self.name == "ar":
+            return ar_generate(target, labels, seeds, head, final_noise=self.final_noise, final_std=self.final_std)
+        return cspd_generate(target, draft, labels, seeds, head, gamma=self.gamma, mode=self.mode, verify=self.verify,
+                             prefill=self.prefill, max_rounds=self.max_rounds, final_std=self.final_std,
+                             inner_temperature=self.inner_temperature)
 
 
 @register_method("cspd", families=("continuous",))

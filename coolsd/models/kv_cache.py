@@ -102,7 +102,7 @@ class KVCache:
         slots = self.length.unsqueeze(1) + P + torch.arange(m, device=self.device)
         start = self._max_committed + P if self._same_length else None
         rows = spans = None
-        if batch_invariant.active() and B > 1:  # each sample over exactly what it would see alone
+        if batch_invariant.active():  # each sample over exactly what it would see alone
             rows = (torch.full((B,), m) if valid is None else valid.cpu()).tolist()
             spans = (self.length.cpu() + P + torch.tensor(rows)).tolist()
         return CacheStep(mask=mask, slots=slots, span=span, start=start, rows=rows, spans=spans)
@@ -124,9 +124,10 @@ class KVCache:
         if step.spans is None:
             return F.scaled_dot_product_attention(q, keys, values, attn_mask=step.mask)
         out = torch.zeros_like(q)
-        for b, (r, s) in enumerate(zip(step.rows, step.spans)):
+        for b, (r, s) in enumerate(zip(step.rows, step.spans)):  # contiguous copies: alike alone or in a batch
             out[b : b + 1, :, :r] = F.scaled_dot_product_attention(
-                q[b : b + 1, :, :r], keys[b : b + 1, :, :s], values[b : b + 1, :, :s], attn_mask=step.mask[b : b + 1, :, :r, :s])
+                q[b : b + 1, :, :r].contiguous(), keys[b : b + 1, :, :s].contiguous(),
+                values[b : b + 1, :, :s].contiguous(), attn_mask=step.mask[b : b + 1, :, :r, :s].contiguous())
         return out
 
     def advance(self, m: int) -> None:

@@ -42,7 +42,7 @@ def toy_sweep(specs: list[tuple[str, str, dict]], prompts: int, records: Path, *
            "generation_seconds": time.perf_counter() - t0, "records": str(records),
            "speedup_reference": "ar on the same prompts, same machine, same run (paired by prompt)",
            "assets": world.files()["assets"], "failures": failures}
-    return {"env": env, "table": results_table(type(world), outputs, scenes), "outputs": outputs, "scenes": scenes}
+    return {"env": env, "table": results_table(type(world), outputs, scenes, world.files()), "outputs": outputs, "scenes": scenes}
 
 
 def sweep_frame(table: dict) -> pd.DataFrame:

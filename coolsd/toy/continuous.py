@@ -128,7 +128,7 @@ def train(model: MAR, tokens, labels, steps: int, batch: int = 32, lr: float = 1
 
 
 @dataclass
-class ToyContinuousWorld:
+class ToyContinuousAssets:
     codec: PatchPCA
     target: ToyMAR
     draft: ToyMAR
@@ -151,7 +151,7 @@ def _load_model(path: Path) -> ToyMAR:
     return model.eval()
 
 
-def load_toy_continuous(assets_dir=None) -> ToyContinuousWorld:
+def load_toy_continuous(assets_dir=None) -> ToyContinuousAssets:
     d = Path(assets_dir) if assets_dir else ASSETS_DIR
     mpath = d / MANIFEST
     if not mpath.is_file():
@@ -165,7 +165,7 @@ def load_toy_continuous(assets_dir=None) -> ToyContinuousWorld:
     sd, _ = read_weights(d / FILES["codec"], "coolsd-patch-pca", "toy continuous codec", REBUILD)
     codec = PatchPCA()
     codec.load_state_dict(sd, strict=True)
-    return ToyContinuousWorld(codec, _load_model(d / FILES["target"]), _load_model(d / FILES["draft"]), manifest)
+    return ToyContinuousAssets(codec, _load_model(d / FILES["target"]), _load_model(d / FILES["draft"]), manifest)
 
 
 def build(out_dir: Path, n_images: int = 20000, steps: dict | None = None, log=print, configs: dict | None = None) -> dict:

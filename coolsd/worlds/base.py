@@ -7,7 +7,7 @@ token-to-pixel decoder, the files it needs and its quality metrics; the generati
 
 * before anything loads (class methods): ``missing_files(cfg)`` (every missing file at once,
   with where it comes from), ``prompts(cfg)`` and ``dataset(cfg)`` (the prompt set and what
-  identifies it), ``quality(outputs, prompts)`` (per-method quality numbers computed from the
+  identifies it), ``quality(outputs, prompts, files)`` (per-method quality numbers computed from the
   records and images: toy metrics for the toy worlds, none for real ones, whose image metrics
   come from ``python -m coolsd.evaluate``);
 * ``load(cfg)``, then ``build_method``, ``generate`` (a batch of prompts -> one ``Sample``
@@ -63,7 +63,8 @@ class World(ABC):
     family: ClassVar[str]  # which methods run on it (coolsd.methods.FAMILIES)
     makes_images: ClassVar[bool] = True
     quality_reads_images: ClassVar[bool] = False  # quality() needs every image (else the job keeps a grid's worth)
-    baseline: ClassVar[bool] = True  # the job runs each method's baseline (AR) beside it
+    runs_baseline: ClassVar[bool] = True  # the job runs each method's baseline (AR) beside it
+    warmup: ClassVar[bool] = True  # one untimed batch per method before timing
     # record fields summarised per method as mean [95% CI] over prompts
     record_metrics: ClassVar[tuple[str, ...]] = ("accepted_length", "latency_s", "decode_s", "target_forwards")
     columns: ClassVar[tuple[Column, ...]] = SPEED_COLUMNS  # the printed table
@@ -98,14 +99,16 @@ class World(ABC):
         return load_prompts(cfg.dataset)
 
     @classmethod
-    def quality(cls, outputs: dict, prompts: list) -> dict:
-        """{tag: {metric: value}} from ``outputs`` {tag: (records, uint8 images)} on ``prompts``."""
+    def quality(cls, outputs: dict, prompts: list, files: dict) -> dict:
+        """{tag: {metric: value}} from ``outputs`` {tag: (records, uint8 images)} on ``prompts``;
+        ``files``: the run's ``files()`` (which weights the metrics must use)."""
         return {}
 
     @classmethod
     @abstractmethod
     def load(cls, cfg) -> "World":
-        ...
+        """The loaded world; called once ``missing_files(cfg)`` is empty (``coolsd.worlds.load_world``
+        and the job check it first)."""
 
     # ----------------------------------------------------------------- a loaded world
     @abstractmethod
@@ -117,7 +120,7 @@ class World(ABC):
         """The sampling settings every method of a run shares (recorded in run.json and summary)."""
 
     @abstractmethod
-    def build_method(self, name: str, params: dict, tree=None, draft_length=None):
+    def build_method(self, name: str, params: dict, tree="chain", draft_length=None):
         """A registered method of this world's family (a family mismatch is an error listing the
         methods that run here)."""
 
@@ -128,6 +131,14 @@ class World(ABC):
 
     def reference_images(self, prompts: list) -> Optional[np.ndarray]:
         return None
+
+
+def draft_kind(cfg, default: str, valid: tuple[str, ...], target: str, hint: str) -> str:
+    """The configured ``draft.kind`` (the target's default without a draft config), validated."""
+    kind = (cfg.get("draft") or {}).get("kind", default)
+    if kind not in valid:
+        raise ValueError(f"target {target} drafts with {hint}, not draft kind {kind!r}")
+    return kind
 
 
 def image_seconds(fn, device) -> tuple[Any, float]:
@@ -167,7 +178,7 @@ class DiscreteWorld(World):
     def settings(self) -> dict:
         return {"sampling": dataclasses.asdict(self.sampling), "cfg_scale": float(self.cfg_scale)}
 
-    def build_method(self, name: str, params: dict, tree=None, draft_length=None):
+    def build_method(self, name: str, params: dict, tree="chain", draft_length=None):
         return build_method(name, family=self.family, tree=tree, draft_length=draft_length, neighbours=self.neighbours,
                             **params)
 
@@ -176,7 +187,7 @@ class DiscreteWorld(World):
         drafter = build_drafter(method, self.drafter() if method.drafter == "model" else None, self.sampling,
                                 target.vocab_size)
         with torch.no_grad():
-            cond = self.encode([p.caption for p in prompts])
+            cond = per_sample(self.encode, [p.caption for p in prompts])
             res = speculative_generate(
                 target, target.n_image_tokens, PerSampleRNG(list(seeds)), rule=method.rule, drafter=drafter,
                 tree=method.tree, sampling=self.sampling, cond=cond, batch_size=len(seeds),
@@ -190,7 +201,8 @@ class DiscreteWorld(World):
 class ContinuousWorld(World):
     """A continuous-token target (MAR-style): ``target`` and ``draft`` models, the shared
     ``head`` settings (``HeadConfig``), ``labels(prompts)`` -> class labels and
-    ``decode_uint8(tokens)``; methods run through ``coolsd.continuous.generate``.
+    ``decode_uint8(tokens)``; a continuous method's ``generate(target, draft, labels, seeds,
+    head)`` runs its loop (``coolsd.continuous.generate``).
 
     Records add CSpD's counters (drafted, verified, accepted, acceptance_rate, resample_rounds,
     fallbacks, target and draft forwards); ``accepted_length`` is tokens per target forward
@@ -215,25 +227,14 @@ class ContinuousWorld(World):
     def settings(self) -> dict:
         return {"head": dataclasses.asdict(self.head)}
 
-    def build_method(self, name: str, params: dict, tree=None, draft_length=None):
+    def build_method(self, name: str, params: dict, tree="chain", draft_length=None):
         return build_method(name, family=self.family, **params)
 
     def generate(self, method, prompts: list, seeds: list[int]) -> list[Sample]:
-        from coolsd.continuous.generate import ar_generate, cspd_generate
-
         labels = self.labels(prompts)
-
-        def run():
-            if method.name == "ar":
-                return ar_generate(self.target, labels, seeds, self.head, final_noise=method.final_noise,
-                                   final_std=method.final_std)
-            return cspd_generate(self.target, self.draft, labels, seeds, self.head, gamma=method.gamma,
-                                 mode=method.mode, verify=method.verify, prefill=method.prefill,
-                                 max_rounds=method.max_rounds, final_std=method.final_std,
-                                 inner_temperature=method.inner_temperature)
-
-        with torch.no_grad():
-            res, latency = image_seconds(run, self.device)
+        with torch.no_grad():  # a continuous method runs its own loop (coolsd.methods.cspd)
+            res, latency = image_seconds(lambda: method.generate(self.target, self.draft, labels, seeds, self.head),
+                                         self.device)
             imgs, decode_s = image_seconds(lambda: per_sample(self.decode_uint8, res.tokens), self.device)
         L = res.tokens.shape[1]
         return [Sample({"accepted_length": L / res.counters[b]["target_forwards"], **res.counters[b],

@@ -17,8 +17,8 @@ from coolsd.drafting import SamplingConfig
 from coolsd.models.llamagen import GPT_SOURCE, LlamaGenGPT, LlamaGenTarget, gpt_config, load_gpt
 from coolsd.models.llamagen_vq import VQ_16, VQ_SOURCE, VQConfig, load_llamagen_vq
 from coolsd.models.t5_text import T5_SOURCE, T5CaptionEncoder
-from coolsd.worlds.base import DiscreteWorld
-from coolsd.worlds.files import DTYPES, file_identity, missing_paths, require_files
+from coolsd.worlds.base import DiscreteWorld, draft_kind
+from coolsd.worlds.files import DTYPES, file_identity, missing_paths
 
 SOURCES = {"gpt": GPT_SOURCE, "vq": VQ_SOURCE, "t5": T5_SOURCE, "drafter": DRAFTER_SOURCE}
 REAL_TARGET_HINT = "image metrics: python -m coolsd.evaluate {out_dir}"
@@ -46,11 +46,8 @@ class LlamaGenWorld(DiscreteWorld):
     @classmethod
     def load(cls, cfg) -> "LlamaGenWorld":
         t, d = cfg.target, cfg.get("draft")
-        require_files(t.name, cls.missing_files(cfg))
-        kind = d.get("kind", "eagle") if d is not None else "none"
-        if kind not in ("eagle", "self", "none"):
-            raise ValueError(f"target {t.name} drafts with an EAGLE folder (draft={t.name}) or itself (draft=self), "
-                             f"not draft kind {kind!r}")
+        kind = draft_kind(cfg, "none", ("eagle", "self", "none"), t.name,
+                          f"an EAGLE folder (draft={t.name} draft.path=...) or itself (draft=self)")
         device = t.get("device", "cuda")
         gpt = load_gpt(t.files.gpt, gpt_config(t.gpt_config), DTYPES[t.get("dtype", "bfloat16")], device)
         vq_cfg = t.get("vq_config")

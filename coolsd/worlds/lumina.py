@@ -18,8 +18,8 @@ import torch
 from coolsd.decoding.lantern import neighbours_from_codebook
 from coolsd.drafting import SamplingConfig
 from coolsd.models.lumina import LuminaTarget, load_lumina_target, prompt_ids
-from coolsd.worlds.base import DiscreteWorld
-from coolsd.worlds.files import DTYPES, file_identity, missing_paths, require_files
+from coolsd.worlds.base import DiscreteWorld, draft_kind
+from coolsd.worlds.files import DTYPES, file_identity, missing_paths
 from coolsd.worlds.llamagen import REAL_TARGET_HINT
 
 SOURCES = {
@@ -61,17 +61,14 @@ class LuminaWorld(DiscreteWorld):
 
         from coolsd.models.chameleon_vq import CHAMELEON_VQGAN, VQConfig
 
-        t, d = cfg.target, cfg.get("draft")
-        require_files(t.name, cls.missing_files(cfg))
+        t = cfg.target
         f, size = t.files, int(t.image_size)
         vq_cfg = t.get("vq_config")
         vq_cfg = VQConfig(**{k: tuple(v) if k in ("ch_mult", "attn_resolutions") else v for k, v in vq_cfg.items()}) \
             if vq_cfg else CHAMELEON_VQGAN
         if size % (2 * vq_cfg.downsample):
             raise ValueError(f"image_size {size} must be a multiple of {2 * vq_cfg.downsample} (whole 2x2-token grid cells)")
-        kind = d.get("kind", "self") if d is not None else "none"
-        if kind not in ("self", "none"):
-            raise ValueError(f"target {t.name} drafts with itself (draft=self), not draft kind {kind!r}")
+        kind = draft_kind(cfg, "none", ("self", "none"), t.name, "itself (draft=self)")
         latent = size // vq_cfg.downsample  # 48 at 768 px
         target = load_lumina_target(f.model, f.vqgan, h_latent=latent, w_latent=latent, cfg_scale=float(t.cfg_scale),
                                     vq_config=vq_cfg, dtype=DTYPES[t.get("dtype", "bfloat16")],

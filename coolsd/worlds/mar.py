@@ -12,8 +12,8 @@ from omegaconf import OmegaConf
 from coolsd.continuous.generate import HeadConfig
 from coolsd.models.kl16_vae import KL16_SOURCE, KLVAEConfig, decode_tokens, load_kl16
 from coolsd.models.mar import MAR_CONFIGS, MAR_SOURCE, MARConfig, load_mar
-from coolsd.worlds.base import ContinuousWorld
-from coolsd.worlds.files import DTYPES, file_identity, missing_paths, require_files
+from coolsd.worlds.base import ContinuousWorld, draft_kind
+from coolsd.worlds.files import DTYPES, file_identity, missing_paths
 
 SOURCES = {"checkpoint": MAR_SOURCE, "vae": KL16_SOURCE}
 
@@ -47,15 +47,13 @@ class MARWorld(ContinuousWorld):
         t, d = cfg.target, cfg.get("draft")
         head = HeadConfig(**t.head)
         target_arch = _arch(t.arch, "target.arch")
-        if d is None or d.get("kind") not in ("mar", "self"):
-            raise ValueError("a MAR target drafts with a MAR checkpoint (draft=mar_b or draft=mar_large) or itself "
-                             "(draft=self)")
+        kind = draft_kind(cfg, None, ("mar", "self"), t.name,
+                          "a MAR checkpoint (draft=mar_b or draft=mar_large) or itself (draft=self)")
         draft_arch = None
-        if d.kind == "mar":
+        if kind == "mar":
             draft_arch = _arch(d.arch, "draft.arch")
             if (draft_arch.seq_len, draft_arch.token_dim) != (target_arch.seq_len, target_arch.token_dim):
                 raise ValueError("draft and target must share the token grid and dim (the same VAE)")
-        require_files(t.name, cls.missing_files(cfg))
         device, dtype = t.get("device", "cuda"), DTYPES[t.get("dtype", "float32")]
         target = load_mar(t.files.checkpoint, target_arch, dtype=dtype, device=device)
         draft = target if draft_arch is None else load_mar(d.files.checkpoint, draft_arch, dtype=dtype, device=device)

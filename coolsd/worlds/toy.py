@@ -9,6 +9,7 @@ place of T5, and drafters: the shipped EAGLE-1 head (``draft=toy``), the target 
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
@@ -18,29 +19,39 @@ from coolsd.decoding.lantern import neighbours_from_codebook
 from coolsd.drafters.eagle import EagleDrafter, load_eagle_head
 from coolsd.drafting import SamplingConfig
 from coolsd.models.llamagen import LlamaGenTarget
-from coolsd.worlds.base import SPEED_COLUMNS, Column, DiscreteWorld
+from coolsd.worlds.base import SPEED_COLUMNS, Column, DiscreteWorld, draft_kind
 
 DRAFTS = ("shipped", "self", "eagle")
 TOY_COLUMNS = (Column("toy_clip", "toy_clip"), Column("toy_fid", "toy_fid", 1))
 TOY_PAPER_METRICS = {"clip_score": "toy_clip", "fid": "toy_fid", "image_reward": None}
+FEATURES = "features.safetensors"  # coolsd.toy.assets.FILES["features"]
 
 
-@functools.lru_cache(maxsize=1)
-def _toy_features():
-    from coolsd.toy.assets import toy_feature_extractor
+@functools.lru_cache(maxsize=4)
+def _toy_features(assets_dir: Optional[str], sha256: str):
+    from coolsd.records import sha256_file
+    from coolsd.toy.assets import ASSETS_DIR, FILES, toy_feature_extractor
 
-    return toy_feature_extractor()
+    d = Path(assets_dir) if assets_dir else ASSETS_DIR
+    found = sha256_file(d / FILES["features"]) if (d / FILES["features"]).is_file() else "missing"
+    if found != sha256:
+        raise ValueError(f"the toy metrics of this run need the feature network {FILES['features']} with sha256 "
+                         f"{sha256[:12]}..., but {d} holds {found[:12]}: the run was made with other toy weights "
+                         f"(make toy-assets rebuilds them; target.assets=... points at another folder)")
+    return toy_feature_extractor(d)
 
 
-def toy_quality(outputs: dict, prompts: list) -> dict:
+def toy_quality(outputs: dict, prompts: list, assets_dir: Optional[str], features_sha256: str) -> dict:
     """toy_clip / toy_fid (and their paired differences to ``ar``) of every method, with the
-    shipped feature network, when the prompts are toy scenes; {} otherwise."""
+    toy feature network the run names (checked by sha256), when the prompts are toy scenes; {}
+    otherwise."""
     from coolsd.metrics.toy import toy_quality as quality
     from coolsd.toy.scenes import Scene
 
     if not prompts or not all(isinstance(p, Scene) for p in prompts):
         return {}
-    return quality(_toy_features(), {tag: imgs for tag, (_, imgs) in outputs.items()}, prompts)
+    extractor = _toy_features(assets_dir, features_sha256)
+    return quality(extractor, {tag: imgs for tag, (_, imgs) in outputs.items()}, prompts)
 
 
 def toy_reference(prompts: list) -> Optional[np.ndarray]:
@@ -49,22 +60,14 @@ def toy_reference(prompts: list) -> Optional[np.ndarray]:
     return render_batch(prompts) if prompts and all(isinstance(p, Scene) for p in prompts) else None
 
 
-def draft_kind(cfg, default: str, valid: tuple[str, ...], target: str, hint: str) -> str:
-    """The configured ``draft.kind`` (the target's default without a draft config), validated."""
-    kind = (cfg.get("draft") or {}).get("kind", default)
-    if kind not in valid:
-        raise ValueError(f"target {target} drafts with {hint}, not draft kind {kind!r}")
-    return kind
-
-
 class ToyWorld(DiscreteWorld):
     columns = SPEED_COLUMNS + TOY_COLUMNS
     paper_metrics = TOY_PAPER_METRICS
     quality_reads_images = True
 
     @classmethod
-    def quality(cls, outputs, prompts):
-        return toy_quality(outputs, prompts)
+    def quality(cls, outputs, prompts, files):
+        return toy_quality(outputs, prompts, files.get("assets_dir"), files["assets"][FEATURES])
 
     trains_drafters = True
 
@@ -93,6 +96,7 @@ class ToyWorld(DiscreteWorld):
 
     def __init__(self, assets, cfg, draft: str):
         self.name, self.assets, self.draft_kind = "toy", assets, draft
+        self.assets_dir = cfg.target.get("assets")  # None: the shipped weights
         self.cfg_scale = float(cfg.target.cfg_scale)
         self.sampling = SamplingConfig.resolve(cfg.target.get("sampling"), cfg.get("sampling"))
         self.gpt, self.vq, self.encoder = assets.gpt, assets.vq, assets.encoder
@@ -107,7 +111,8 @@ class ToyWorld(DiscreteWorld):
             self._drafter = EagleDrafter.for_target(head, self.target)
 
     def files(self) -> dict:
-        return {"assets": self.assets.manifest["sha256"], **({"draft": self.draft_kind} if self.draft_kind != "shipped" else {}),
+        return {"assets": self.assets.manifest["sha256"], **({"assets_dir": str(self.assets_dir)} if self.assets_dir else {}),
+                **({"draft": self.draft_kind} if self.draft_kind != "shipped" else {}),
                 **({"draft_path": self.draft_path} if self.draft_path else {})}
 
     def encode(self, captions):

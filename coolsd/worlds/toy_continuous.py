@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 from coolsd.continuous.generate import HeadConfig
-from coolsd.worlds.base import Column, ContinuousWorld
-from coolsd.worlds.toy import TOY_PAPER_METRICS, draft_kind, toy_quality, toy_reference
+from coolsd.worlds.base import Column, ContinuousWorld, draft_kind
+from coolsd.worlds.toy import FEATURES, TOY_PAPER_METRICS, toy_quality, toy_reference
 
 
 class ToyContinuousWorld(ContinuousWorld):
@@ -17,8 +17,8 @@ class ToyContinuousWorld(ContinuousWorld):
     quality_reads_images = True
 
     @classmethod
-    def quality(cls, outputs, prompts):
-        return toy_quality(outputs, prompts)
+    def quality(cls, outputs, prompts, files):
+        return toy_quality(outputs, prompts, None, files["features"])
 
     @classmethod
     def load(cls, cfg) -> "ToyContinuousWorld":
@@ -36,7 +36,13 @@ class ToyContinuousWorld(ContinuousWorld):
         self.device = next(self.target.parameters()).device
 
     def files(self) -> dict:
-        return {"sha256": self.assets.manifest["sha256"], "draft": self.draft_kind}
+        """The continuous weights, the draft, and the (shipped) toy feature network of the metrics."""
+        import json
+
+        from coolsd.toy.assets import ASSETS_DIR
+
+        features = json.loads((ASSETS_DIR / "manifest.json").read_text())["sha256"][FEATURES]
+        return {"sha256": self.assets.manifest["sha256"], "draft": self.draft_kind, "features": features}
 
     def labels(self, prompts) -> torch.Tensor:
         from coolsd.toy.continuous import scene_labels
