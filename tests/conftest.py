@@ -25,24 +25,19 @@ def compose():
     return factories.compose
 
 
-@pytest.fixture(scope="session")
-def llamagen_files(tmp_path_factory):
-    return factories.write_llamagen_files(tmp_path_factory.mktemp("llamagen"))
+def _built_once(folder: str, build):
+    """A session fixture: ``build(folder)`` in a fresh temporary folder, on first use."""
+    @pytest.fixture(scope="session")
+    def fixture(tmp_path_factory):
+        return build(tmp_path_factory.mktemp(folder))
+
+    return fixture
 
 
-@pytest.fixture(scope="session")
-def lumina_files(tmp_path_factory):
-    return factories.write_lumina_files(tmp_path_factory.mktemp("lumina"))
-
-
-@pytest.fixture(scope="session")
-def mar_files(tmp_path_factory):
-    return factories.write_mar_files(tmp_path_factory.mktemp("mar"))
-
-
-@pytest.fixture(scope="session")
-def toy_continuous_assets(tmp_path_factory):
-    return factories.build_tiny_toy_continuous(tmp_path_factory.mktemp("continuous_assets"))
+llamagen_files = _built_once("llamagen", factories.write_llamagen_files)
+lumina_files = _built_once("lumina", factories.write_lumina_files)
+mar_files = _built_once("mar", factories.write_mar_files)
+toy_continuous_assets = _built_once("continuous_assets", factories.build_tiny_toy_continuous)
 
 
 @pytest.fixture(scope="session")
