@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from coolsd.batch_invariant import batch_invariant
 from coolsd.generate import NonFiniteLogits
+from coolsd.methods import check_method
 from coolsd.records import RecordWriter, claim_run_dir, resume_records
 from coolsd.shards import Shard
 from coolsd.summary import GRID_COLUMNS, summarize, write_outputs
@@ -64,14 +65,18 @@ def run_identity(world, methods: dict, *, seed: int, dataset: dict, threads: int
             **({"batch_invariant": True} if invariant else {})}
 
 
+def record_head(prompt, idx: int, seed: int, tag: str, method) -> dict:
+    """What every record of a sample starts with: which prompt, seed and method."""
+    return {"prompt_index": idx, "caption": prompt.caption, "seed": seed, "method": tag, "params": method.describe()}
+
+
 def generate_records(world, method, prompts: list, idxs: list[int], seeds: list[int], tag: str) -> list:
     """A batch of prompts -> [(record, uint8 image or None)]. ``latency_s`` is the batch's wall
     time (what each of its images waited); ``batch_size`` says which batch."""
     samples = world.generate(method, prompts, seeds)
     B, hw = len(seeds), hardware_name(world.device)
-    return [({"prompt_index": idx, "caption": p.caption, "seed": seed, "method": tag, "params": method.describe(),
-              **s.fields, "hardware": hw, **({"batch_size": B} if B > 1 else {})}, s.image)
-            for s, p, idx, seed in zip(samples, prompts, idxs, seeds)]
+    return [({**record_head(p, idx, seed, tag, method), **s.fields, "hardware": hw,
+              **({"batch_size": B} if B > 1 else {})}, s.image) for s, p, idx, seed in zip(samples, prompts, idxs, seeds)]
 
 
 def records_or_failures(world, method, prompts, idxs, seeds, tag) -> list:
@@ -84,8 +89,8 @@ def records_or_failures(world, method, prompts, idxs, seeds, tag) -> list:
             return [r for k in range(len(prompts))
                     for r in records_or_failures(world, method, prompts[k:k + 1], idxs[k:k + 1], seeds[k:k + 1], tag)]
         print(f"prompt {idxs[0]} ({tag}): {e}; recorded as failed, the run goes on")
-        return [({"prompt_index": idxs[0], "caption": prompts[0].caption, "seed": seeds[0], "method": tag,
-                  "params": method.describe(), "error": f"non-finite target logits at image token {e.position}"}, None)]
+        return [({**record_head(prompts[0], idxs[0], seeds[0], tag, method),
+                  "error": f"non-finite target logits at image token {e.position}"}, None)]
 
 
 def kept_images(world_cls, at_least: int = GRID_COLUMNS) -> Optional[int]:
@@ -183,18 +188,6 @@ def job_settings(cfg) -> tuple[Shard, int, int, bool]:
     return shard, batch, threads, bool((cfg.get("deterministic") or {}).get("batch_invariant", False))
 
 
-def check_method(world_cls, cfg) -> None:
-    """The method's name, family and parameter names, before anything loads."""
-    from coolsd.methods import build_method, method_families, method_params
-
-    name, params = method_from_cfg(cfg)
-    if world_cls.family not in method_families(name):
-        build_method(name, family=world_cls.family)  # the registry's error, listing this family's methods
-    unknown = sorted(set(params) - set(method_params(name)))
-    if unknown:
-        raise ValueError(f"method {name!r} has no parameter(s) {unknown}; its parameters: {sorted(method_params(name))}")
-
-
 def run_job(cfg, out_dir: Path, world=None) -> dict:
     """The job of one composed config (``run.py``): validate, load the world (unless given,
     e.g. one loaded target for every row of a sweep), generate, summarise. A shard of several
@@ -206,11 +199,12 @@ def run_job(cfg, out_dir: Path, world=None) -> dict:
 
     shard, batch, threads, invariant = job_settings(cfg)
     world_cls = world_class(cfg.target.name) if world is None else type(world)
-    check_method(world_cls, cfg)
+    name, params = method_from_cfg(cfg)
+    check_method(name, world_cls.family, params)  # name, family, parameter names: before anything loads
     require_files(cfg.target.name, world_cls.missing_files(cfg))  # every missing file at once, before any work
     prompts = world_cls.prompts(cfg)
     logger = make_logger(cfg.get("logger"), OmegaConf.to_container(cfg, resolve=True),  # a missing extra fails here
-                         name=f"{cfg.target.name}/{cfg.method.name}/{out_dir.name}")
+                         name=f"{cfg.target.name}/{name}/{out_dir.name}")
     torch.set_num_threads(threads)
     world = world or world_cls.load(cfg)
     methods = job_methods(world, cfg)

@@ -2,6 +2,7 @@
 its queued work, so that asynchronous CUDA launches are not mistaken for finished compute."""
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import torch
@@ -18,6 +19,7 @@ def device_sync(device) -> Callable[[], None]:
     return lambda: None
 
 
+@functools.lru_cache(maxsize=1)
 def cpu_name() -> str:
     """The CPU model (``/proc/cpuinfo``), or what ``platform`` knows."""
     import platform

@@ -100,6 +100,21 @@ def _get(name: str) -> Callable:
     return _REGISTRY[name]
 
 
+def check_method(name: str, family: str, params) -> dict:
+    """The method's name, family and parameter names (no values, nothing built: a check before
+    any model loads). Returns the declared parameters and their defaults."""
+    _get(name)
+    if family not in _FAMILIES[name]:
+        raise ValueError(f"method={name} does not run on {family} targets (it runs on {', '.join(_FAMILIES[name])} "
+                         f"ones); methods for {family} targets: "
+                         f"{', '.join(n for n in method_names(family) if not n.startswith('_'))}")
+    declared = method_params(name)
+    unknown = sorted(set(params) - set(declared))
+    if unknown:
+        raise ValueError(f"method {name!r} has no parameter(s) {unknown}; its parameters: {sorted(declared)}")
+    return declared
+
+
 def build_method(
     name: str,
     *,
@@ -113,16 +128,7 @@ def build_method(
     """Validate parameters and build a method of ``family`` (a ``Method`` for discrete targets).
     Errors name the bad value and the valid ones."""
     fn = _get(name)
-    if family not in _FAMILIES[name]:
-        raise ValueError(f"method={name} does not run on {family} targets (it runs on {', '.join(_FAMILIES[name])} "
-                         f"ones); methods for {family} targets: "
-                         f"{', '.join(n for n in method_names(family) if not n.startswith('_'))}")
-    declared = method_params(name)
-    unknown = sorted(set(params) - set(declared))
-    if unknown:
-        raise ValueError(
-            f"method {name!r} has no parameter(s) {unknown}; its parameters: {sorted(declared)}"
-        )
+    declared = check_method(name, family, params)
     if draft_length is not None:
         if isinstance(draft_length, bool) or int(draft_length) != draft_length or draft_length < 1:
             raise ValueError(f"draft length must be an integer >= 1, got {draft_length!r}")

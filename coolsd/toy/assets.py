@@ -91,10 +91,15 @@ def load_toy_assets(assets_dir=None) -> ToyAssets:
     return ToyAssets(vq, gpt, enc, head, manifest)
 
 
-def toy_feature_extractor(assets_dir=None) -> ToyFeatureExtractor:
-    """The toy metrics' feature network (checked against the manifest)."""
+def toy_feature_extractor(assets_dir=None, sha256: str | None = None) -> ToyFeatureExtractor:
+    """The toy metrics' feature network (checked against the manifest); ``sha256``: the one a
+    run was scored with, so that toy metrics are never computed with another network."""
     d = Path(assets_dir) if assets_dir else ASSETS_DIR
-    check_manifest(d)
+    found = check_manifest(d)["sha256"][FILES["features"]]
+    if sha256 is not None and found != sha256:
+        raise ValueError(f"the toy metrics of this run need the feature network {FILES['features']} with sha256 "
+                         f"{sha256[:12]}..., but {d} holds {found[:12]}: the run was made with other toy weights "
+                         f"(make toy-assets rebuilds them; target.assets=... points at another folder)")
     return ToyFeatureExtractor(load_feature_net(d / FILES["features"]))
 
 

@@ -9,7 +9,6 @@ place of T5, and drafters: the shipped EAGLE-1 head (``draft=toy``), the target 
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 from typing import Optional
 
 import numpy as np
@@ -29,16 +28,9 @@ FEATURES = "features.safetensors"  # coolsd.toy.assets.FILES["features"]
 
 @functools.lru_cache(maxsize=4)
 def _toy_features(assets_dir: Optional[str], sha256: str):
-    from coolsd.records import sha256_file
-    from coolsd.toy.assets import ASSETS_DIR, FILES, toy_feature_extractor
+    from coolsd.toy.assets import toy_feature_extractor
 
-    d = Path(assets_dir) if assets_dir else ASSETS_DIR
-    found = sha256_file(d / FILES["features"]) if (d / FILES["features"]).is_file() else "missing"
-    if found != sha256:
-        raise ValueError(f"the toy metrics of this run need the feature network {FILES['features']} with sha256 "
-                         f"{sha256[:12]}..., but {d} holds {found[:12]}: the run was made with other toy weights "
-                         f"(make toy-assets rebuilds them; target.assets=... points at another folder)")
-    return toy_feature_extractor(d)
+    return toy_feature_extractor(assets_dir, sha256)
 
 
 def toy_quality(outputs: dict, prompts: list, assets_dir: Optional[str], features_sha256: str) -> dict:
