@@ -20,7 +20,10 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
+import time
+
 from coolsd.batch_invariant import batch_invariant
+from coolsd.compiled import compile_count
 from coolsd.generate import NonFiniteLogits
 from coolsd.methods import check_method
 from coolsd.records import RecordWriter, claim_run_dir, resume_records
@@ -72,11 +75,17 @@ def record_head(prompt, idx: int, seed: int, tag: str, method) -> dict:
 
 def generate_records(world, method, prompts: list, idxs: list[int], seeds: list[int], tag: str) -> list:
     """A batch of prompts -> [(record, uint8 image or None)]. ``latency_s`` is the batch's wall
-    time (what each of its images waited); ``batch_size`` says which batch."""
+    time (what each of its images waited); ``batch_size`` says which batch. Under ``compile=true`` the
+    batch's first record counts the graphs compiled while generating it (``compilations``; 0 after
+    a complete warm-up)."""
+    n0 = compile_count()
     samples = world.generate(method, prompts, seeds)
     B, hw = len(seeds), hardware_name(world.device)
+    compiled = getattr(world, "compiled", False)
     return [({**record_head(p, idx, seed, tag, method), **s.fields, "hardware": hw,
-              **({"batch_size": B} if B > 1 else {})}, s.image) for s, p, idx, seed in zip(samples, prompts, idxs, seeds)]
+              **({"batch_size": B} if B > 1 else {}),
+              **({"compilations": compile_count() - n0 if k == 0 else 0} if compiled else {})}, s.image)
+            for k, (s, p, idx, seed) in enumerate(zip(samples, prompts, idxs, seeds))]
 
 
 def records_or_failures(world, method, prompts, idxs, seeds, tag) -> list:
@@ -120,20 +129,32 @@ def collect(world_cls, methods, records: dict, folder: Path, positions: list[int
     return out
 
 
+def warm_up(world, methods: dict, prompts: list, batch_size: int) -> dict:
+    """One untimed batch per method at every batch size the run will use (the last batch may be
+    smaller), so that compiled graphs (``compile=true``) are all built before timing. Returns
+    {"warmup_s", "graphs_compiled"}."""
+    t0, n0 = time.perf_counter(), compile_count()
+    sizes = {min(batch_size, len(prompts))}
+    if getattr(world, "compiled", False) and len(prompts) % batch_size:
+        sizes.add(len(prompts) % batch_size)
+    for k in sorted(sizes):
+        for m in methods.values():
+            world.generate(m, prompts[:k], list(range(k)))
+    return {"warmup_s": time.perf_counter() - t0, "graphs_compiled": compile_count() - n0}
+
+
 def run_methods(world, methods: dict, prompts: list, indices: list[int], run_seed: int, writer: RecordWriter,
-                done: list[dict] | None = None, batch_size: int = 1, keep_images: int = GRID_COLUMNS
-                ) -> tuple[dict, dict]:
+                done: list[dict] | None = None, batch_size: int = 1, keep_images: int = GRID_COLUMNS,
+                stats: Optional[dict] = None) -> tuple[dict, dict]:
     """Every method on every prompt (``indices``: each prompt's index), in batches of
     ``batch_size``, methods interleaved per batch. ``done``: records of an interrupted run in
     the same folder, whose (method, prompt) pairs are skipped. Returns (outputs {tag:
     (records, images)} over the prompts where every method succeeded (``kept_images`` of the
-    images), {tag: failed prompt indices})."""
+    images), {tag: failed prompt indices}); ``stats`` receives the warm-up's (``warm_up``)."""
     have = {(r["method"], r["prompt_index"]): r for r in (done or [])}
     n_todo = sum((tag, indices[i]) not in have for i in range(len(prompts)) for tag in methods)
-    if n_todo and world.warmup:
-        for tag, m in methods.items():  # warm-up at the run's batch size, excluded
-            k = min(batch_size, len(prompts))
-            world.generate(m, prompts[:k], list(range(k)))
+    if n_todo and world.warmup:  # excluded from latency
+        (stats if stats is not None else {}).update(warm_up(world, methods, prompts, batch_size))
     keep = kept_images(type(world), keep_images)
     fresh = {}
     with tqdm(total=len(prompts) * len(methods), initial=len(prompts) * len(methods) - n_todo,
@@ -161,7 +182,8 @@ def run_methods(world, methods: dict, prompts: list, indices: list[int], run_see
 
 
 def run_shard(world, methods: dict, prompts: list, out_dir: Path, identity: dict, *, seed: int, offset: int = 0,
-              batch_size: int = 1, shard: Shard = Shard(), keep_images: int = GRID_COLUMNS):
+              batch_size: int = 1, shard: Shard = Shard(), keep_images: int = GRID_COLUMNS,
+              stats: Optional[dict] = None):
     """Claim the run folder, resume this shard's records and generate the rest. Returns
     (outputs, the prompts they cover, failures); with ``shard.count`` > 1 they cover this
     shard's prompts only (the summary comes from ``coolsd.merge``)."""
@@ -172,7 +194,7 @@ def run_shard(world, methods: dict, prompts: list, out_dir: Path, identity: dict
     mine = [prompts[i] for i in positions]
     outputs, failures = run_methods(world, methods, mine, [offset + i for i in positions], seed,
                                     RecordWriter(out_dir, shard.records_name), done=done, batch_size=batch_size,
-                                    keep_images=keep_images)
+                                    keep_images=keep_images, stats=stats)
     kept = {r["prompt_index"] for r in next(iter(outputs.values()))[0]} if outputs else set()
     return outputs, [p for i, p in zip(positions, mine) if offset + i in kept], failures
 
@@ -201,6 +223,12 @@ def run_job(cfg, out_dir: Path, world=None) -> dict:
     world_cls = world_class(cfg.target.name) if world is None else type(world)
     name, params = method_from_cfg(cfg)
     check_method(name, world_cls.family, params)  # name, family, parameter names: before anything loads
+    if cfg.get("compile", False) and not world_cls.compiles:
+        raise ValueError(f"compile=true is not implemented for target={cfg.target.name} yet (toy, llamagen_xl, "
+                         f"llamagen_xl_512 have it); run it eagerly with compile=false")
+    if cfg.get("compile", False) and invariant:
+        raise ValueError("compile=true and deterministic.batch_invariant=true exclude each other (compiled kernels "
+                         "fuse and reorder float operations); set one of them to false")
     require_files(cfg.target.name, world_cls.missing_files(cfg))  # every missing file at once, before any work
     prompts = world_cls.prompts(cfg)
     logger = make_logger(cfg.get("logger"), OmegaConf.to_container(cfg, resolve=True),  # a missing extra fails here
@@ -211,16 +239,23 @@ def run_job(cfg, out_dir: Path, world=None) -> dict:
     dataset = world_cls.dataset(cfg)
     identity = run_identity(world, methods, seed=cfg.seed, dataset=dataset, threads=threads, batch_size=batch,
                             shard=shard, invariant=invariant, method=list(methods)[-1])
+    stats: dict = {}
     with batch_invariant(invariant):
         outputs, prompts, failures = run_shard(world, methods, prompts, out_dir, identity, seed=cfg.seed,
                                                offset=int(dataset.get("offset", 0)), batch_size=batch, shard=shard,
-                                               keep_images=int((cfg.get("logger") or {}).get("n_images", 0)))
+                                               keep_images=int((cfg.get("logger") or {}).get("n_images", 0)),
+                                               stats=stats)
+    if stats:
+        print(f"warm-up (excluded from latency): {stats['warmup_s']:.1f} s"
+              + (f", {stats['graphs_compiled']} graphs compiled" if getattr(world, "compiled", False) else ""))
     if shard.count > 1:
         logger.finish()
         print(f"shard {shard.index} of {shard.count} done ({len(prompts)} prompts); when every shard is done: "
               f"python -m coolsd.merge {out_dir}")
         return {"target": world.name, "shard": shard.index, "shards": shard.count, "n_prompts": len(prompts)}
     summary = summarize(world_cls, identity, outputs, prompts, failures)
+    if "compile" in summary and stats:
+        summary["compile"]["warmup_s"] = stats["warmup_s"]
     lines = write_outputs(world_cls, summary, outputs, out_dir, world.reference_images(prompts[:GRID_COLUMNS]))
     logger.log_summary(summary["results"])
     for tag, (_, imgs) in outputs.items():

@@ -51,7 +51,16 @@ def summarize(world_cls, identity: dict, outputs: dict, prompts: list, failures:
             "batch_size": identity.get("batch_size", 1),
             **({"batch_invariant": True} if identity.get("batch_invariant") else {}),
             "speedup_reference": SPEEDUP_REFERENCE, "failures": failures,
+            **_compile_summary(rows),
             "results": results_table(world_cls, outputs, prompts, identity["world"])}
+
+
+def _compile_summary(rows: list) -> dict:
+    """``compile=true`` runs: graphs compiled after the warm-up, summed over the records (goal 0:
+    a graph compiled mid-run puts its compile time into a latency)."""
+    if not any("compilations" in r for r in rows):
+        return {}
+    return {"compile": {"graphs_compiled_after_warmup": int(sum(r.get("compilations", 0) for r in rows))}}
 
 
 def _cell(v, digits: int) -> str:
@@ -127,7 +136,12 @@ def write_outputs(world_cls, summary: dict, outputs: dict, out_dir: Path, refere
     if grid is not None:
         save_png_atomic(grid, out_dir / "grid.png")
     wrote = "summary.json, samples.jsonl" + (", images/, grid.png" if grid is not None else "")
-    lines = summary_lines(world_cls, summary["results"], outputs) + [f"wrote {out_dir}/{wrote}"]
+    lines = summary_lines(world_cls, summary["results"], outputs)
+    if "compile" in summary:
+        c = summary["compile"]
+        lines.append(f"compile=true: {c['graphs_compiled_after_warmup']} graphs compiled after the warm-up (goal 0)"
+                     + (f"; warm-up {c['warmup_s']:.1f} s, excluded from latency" if "warmup_s" in c else ""))
+    lines.append(f"wrote {out_dir}/{wrote}")
     if world_cls.next_step:
         lines[-1] += "; " + world_cls.next_step.format(out_dir=out_dir)
     return lines

@@ -6,7 +6,7 @@ its own:
 
 engine: the decoding core and its utilities (decoding/, generate, drafting, protocols, the
 method registry, continuous/ numerics, records, shards, stats, timing, tracking,
-batch_invariant); models: model code, drafters, metrics, toy assets, prompt sets, the theory
+batch_invariant, compiled); models: model code, drafters, metrics, toy assets, prompt sets, the theory
 lab's models; worlds: what a target name resolves to (coolsd.worlds); job: the one generation
 job and its summary; apps: command lines, reports, the Hydra runner.
 """

@@ -37,10 +37,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from coolsd.compiled import compile_step
 from coolsd.decoding.sampling import cfg_combine
 from coolsd.models.blocks import GatedMLP
 from coolsd.models.kv_cache import KVCache
-from coolsd.models.llamagen import check_2d_rope, LlamaGenConfig, RMSNorm, apply_rope, rope_2d, rotation
+from coolsd.models.llamagen import check_2d_rope, LlamaGenConfig, RMSNorm, apply_rope, rope_table, rotation
 from coolsd.protocols import StepOut
 
 # LANTERN's ``input_type`` sets the RoPE grid of the drafter (``cnets_llamagen.Model.__init__``).
@@ -211,9 +212,16 @@ class EagleHead(nn.Module):
     def device(self) -> torch.device:
         return self.fc.weight.device
 
-    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cos, sin) (B, m, head_dim/2) for logical positions; negative = text slot (zeros)."""
-        cos, sin = rope_2d(positions.clamp(min=0), self.config, _compute_dtype(self.dtype))
+    def rope_table(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``rope_table`` for this head's grid (made once; pass it to ``forward`` under torch.compile)."""
+        return rope_table(self.config, _compute_dtype(self.dtype), self.device, self.config.block_size + 64)
+
+    def rope(self, positions: torch.Tensor, table=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) (B, m, head_dim/2) for logical positions; negative = text slot (zeros).
+        From ``rope_table`` (positions past the cache's end, never verified, are clamped)."""
+        cos, sin = table if table is not None else self.rope_table()
+        at = positions.clamp(0, cos.shape[0] - 1)
+        cos, sin = cos[at], sin[at]
         text = (positions < 0).unsqueeze(-1)
         return cos.masked_fill(text, 0.0), sin.masked_fill(text, 0.0)
 
@@ -224,6 +232,7 @@ class EagleHead(nn.Module):
         positions: torch.Tensor,
         attend: Optional[torch.Tensor] = None,
         cache: Optional[KVCache] = None,
+        rope_table=None,
     ) -> torch.Tensor:
         """tokens, positions (B, m); features (B, m, H) -> predicted features (B, m, H).
 
@@ -236,7 +245,7 @@ class EagleHead(nn.Module):
         tokens, positions = tokens.to(dev), positions.to(dev)
         emb = self.embed_tokens(tokens).to(self.dtype)
         x = self.fc(torch.cat([emb, features.to(dev, self.dtype)], dim=-1))
-        rot = rotation(*self.rope(positions))
+        rot = rotation(*self.rope(positions, rope_table))
         if cache is None:
             if attend is None:
                 attend = torch.ones(m, m, dtype=torch.bool, device=dev).tril()
@@ -258,11 +267,11 @@ class EagleHead(nn.Module):
             cache.advance(m)
         return x
 
-    def new_cache(self, batch_size: int, max_len: Optional[int] = None) -> KVCache:
+    def new_cache(self, batch_size: int, max_len: Optional[int] = None, static: bool = False) -> KVCache:
         cfg = self.config
         max_len = max_len or -(-(cfg.block_size + 64) // 64) * 64
         return KVCache(cfg.num_hidden_layers, batch_size, cfg.num_attention_heads, cfg.head_dim, max_len,
-                       self.dtype, self.device)
+                       self.dtype, self.device, static=static)
 
     def load_lantern(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Strictly load a LANTERN drafter state dict (``pytorch_model.bin`` of
@@ -308,6 +317,7 @@ class EagleDrafter:
         *,
         text_prefix: bool = False,
         cache_len: Optional[int] = None,
+        compile: bool = False,
     ):
         if isinstance(lm_head_weight, nn.Module):
             lm_head_weight = lm_head_weight.weight
@@ -323,6 +333,9 @@ class EagleDrafter:
         self.cache: Optional[KVCache] = None
         self.halves: Optional[int] = None
         self.batch_size = 0
+        # compile: the drafter step under torch.compile over a static cache (coolsd.compiled)
+        self.compiled = bool(compile)
+        self._step_fn = compile_step(self._step, head.device) if compile else self._step
 
     @classmethod
     def for_target(cls, head: EagleHead, target: Any, **kw) -> "EagleDrafter":
@@ -343,17 +356,22 @@ class EagleDrafter:
         if self.cache is not None and self.cache.matches(*shape):
             self.cache.reset()
         else:
-            self.cache = self.head.new_cache(n, self.cache_len)
+            self.cache = self.head.new_cache(n, self.cache_len, static=self.compiled)
         self.halves = halves
+
+    @staticmethod
+    def _halves_of(features: torch.Tensor) -> int:
+        """1 for (B, m, H) features, 2 for guided (B, m, 2, H) = [cond, uncond]; else an error."""
+        if features.dim() == 4 and features.shape[2] == 2:
+            return 2
+        if features.dim() == 3:
+            return 1
+        raise ValueError(f"features must be (B, m, H) or guided (B, m, 2, H), got {tuple(features.shape)}")
 
     def _split(self, features: torch.Tensor) -> tuple[torch.Tensor, int]:
         """(B, m, H) -> itself, 1; (B, m, 2, H) -> (2B, m, H) = [cond; uncond], 2."""
-        if features.dim() == 4:
-            if features.shape[2] != 2:
-                raise ValueError(f"guided features must be (B, m, 2, H), got {tuple(features.shape)}")
+        if self._halves_of(features) == 2:
             return torch.cat([features[:, :, 0], features[:, :, 1]]), 2
-        if features.dim() != 3:
-            raise ValueError(f"features must be (B, m, H) or (B, m, 2, H), got {tuple(features.shape)}")
         return features, 1
 
     def _rep(self, x: torch.Tensor) -> torch.Tensor:
@@ -390,14 +408,24 @@ class EagleDrafter:
         B, m = tokens.shape
         if B != self.batch_size:
             raise ValueError(f"begin() was called for batch {self.batch_size}, got {B}")
+        self._ensure_cache(self._halves_of(features))
+        if self.compiled:
+            self.cache.check_room(m)
+        dev = self.head.device
+        logits, hidden = self._step_fn(tokens.to(dev), positions.to(dev), attend.to(dev), features,
+                                       *self.head.rope_table())
+        return StepOut(logits=logits, hidden=hidden)
+
+    def _step(self, tokens, positions, attend, features, cos, sin):
+        """One cached drafter forward (compiled when ``compile``): CFG-combined logits, hidden."""
+        B = tokens.shape[0]
         feats, halves = self._split(features)
-        self._ensure_cache(halves)
-        hidden = self.head(self._rep(tokens), feats, self._rep(positions), attend, self.cache)
+        hidden = self.head(self._rep(tokens), feats, self._rep(positions), attend, self.cache, (cos, sin))
         logits = head_logits(hidden, self.lm_head_weight)
         if halves == 2:
             logits = cfg_combine(logits[:B], logits[B:], self.cfg_scale)
             hidden = torch.stack([hidden[:B], hidden[B:]], dim=2)
-        return StepOut(logits=logits, hidden=hidden)
+        return logits, hidden
 
     @torch.no_grad()
     def commit(self, keep: torch.Tensor, n_keep: torch.Tensor) -> None:

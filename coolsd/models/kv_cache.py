@@ -12,6 +12,9 @@ Invariants:
 * A committed slot is visible to every later query unless ``hidden_slots`` marks it (e.g. text
   padding); a pending entry is visible to a query only where the caller's ``attend`` says so.
 * ``commit`` leaves no pending entries.
+* ``static=True`` (the compiled decode path, ``coolsd.compiled``): every forward attends the whole
+  buffer under its mask and writes by scatter, so shapes depend only on (m, P), never on the
+  committed lengths, and ``prepare`` reads no tensor on the host; the buffer never grows.
 """
 from __future__ import annotations
 
@@ -35,6 +38,8 @@ class CacheStep:
     # under coolsd.batch_invariant: per sample, its valid new rows and its own span of slots
     rows: Optional[list[int]] = None
     spans: Optional[list[int]] = None
+    static: bool = False  # a static cache's step: writes by index_put at (batch_index, slots)
+    batch_index: Optional[torch.Tensor] = None  # (B, 1)
 
 
 class KVCache:
@@ -47,6 +52,7 @@ class KVCache:
         max_len: int,
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
+        static: bool = False,
     ):
         shape = (batch_size, n_heads, max_len, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
@@ -54,6 +60,7 @@ class KVCache:
         self.batch_size = batch_size
         self.device = torch.device(device)
         self.dtype = dtype
+        self.static = static
         self.reset()
 
     @property
@@ -88,9 +95,14 @@ class KVCache:
         attend = attend.to(device=self.device, dtype=torch.bool)
         if attend.shape[-2:] != (m, P + m):
             raise ValueError(f"attend must be (.., {m}, {P + m}), got {tuple(attend.shape)}")
-        span = self._max_committed + P + m
-        if span > self.max_len:
-            self._grow(span)
+        if self.static:  # reads no host copy of the lengths: one graph per (m, P) under torch.compile
+            if batch_invariant.active():
+                raise ValueError("compiled decoding and deterministic.batch_invariant exclude each other")
+            span = self.max_len
+        else:
+            span = self._max_committed + P + m
+            if span > self.max_len:
+                self._grow(span)
         slot = torch.arange(span, device=self.device)
         rel = slot.unsqueeze(0) - self.length.unsqueeze(1)  # (B, span): pending index of slot
         committed = (rel < 0) & ~self.hidden_slots[:, :span]
@@ -100,18 +112,24 @@ class KVCache:
         pending = torch.gather(att, 2, idx) & in_pending.unsqueeze(1)
         mask = (committed.unsqueeze(1) | pending).unsqueeze(1)
         slots = self.length.unsqueeze(1) + P + torch.arange(m, device=self.device)
-        start = self._max_committed + P if self._same_length else None
+        start = None if self.static or not self._same_length else self._max_committed + P
         rows = spans = None
         if batch_invariant.active():  # each sample over exactly what it would see alone
             rows = (torch.full((B,), m) if valid is None else valid.cpu()).tolist()
             spans = (self.length.cpu() + P + torch.tensor(rows)).tolist()
+        if self.static:
+            return CacheStep(mask=mask, slots=slots, span=span, static=True,
+                             batch_index=torch.arange(B, device=self.device).unsqueeze(1))
         return CacheStep(mask=mask, slots=slots, span=span, start=start, rows=rows, spans=spans)
 
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: CacheStep
     ) -> torch.Tensor:
         """Write the new k, v (B, H, m, D) as pending entries of ``layer`` and attend q (B, H, m, D)."""
-        if step.start is not None:
+        if step.static:  # index_put on the buffer itself: the compiled graph writes in place, no copy
+            self.k[layer][step.batch_index, :, step.slots] = k.transpose(1, 2)
+            self.v[layer][step.batch_index, :, step.slots] = v.transpose(1, 2)
+        elif step.start is not None:
             m = k.shape[2]
             self.k[layer][:, :, step.start : step.start + m] = k
             self.v[layer][:, :, step.start : step.start + m] = v
@@ -129,6 +147,12 @@ class KVCache:
                 q[b : b + 1, :, :r].contiguous(), keys[b : b + 1, :, :s].contiguous(),
                 values[b : b + 1, :, :s].contiguous(), attn_mask=step.mask[b : b + 1, :, :r, :s].contiguous())
         return out
+
+    def check_room(self, m: int) -> None:
+        """A static cache never grows: call before a (compiled) forward of m tokens (host ints only)."""
+        if self._max_committed + self.n_pending + m > self.max_len:
+            raise ValueError(f"static KV cache of {self.max_len} slots is full "
+                             f"({self._max_committed + self.n_pending + m} needed); give the model more cache headroom")
 
     def advance(self, m: int) -> None:
         """Call once after all layers attended a step of m tokens."""

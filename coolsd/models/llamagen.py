@@ -26,6 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from coolsd.compiled import compile_step, compiling
 from coolsd.decoding.sampling import cfg_combine
 from coolsd.models.blocks import RMSNorm, compute_dtype as _compute_dtype
 from coolsd.models.kv_cache import CacheStep, KVCache
@@ -106,6 +107,18 @@ def rope_2d(
     Equal to upstream's ``precompute_freqs_cis_2d`` row T + j for index j < block_size (the same
     fp32 operations); indices past the grid continue the row-major formula.
     """
+    return _rope_angles(positions, cfg, dtype)
+
+
+@functools.lru_cache(maxsize=16)
+def rope_table(cfg, dtype: torch.dtype, device: torch.device, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rope_2d`` of indices 0..n-1, computed once: (cos, sin), each (n, head_dim // 2). Decoding
+    indexes it instead of recomputing the angles every forward (positions past n are clamped,
+    which only ever affects tree nodes past the image's end, never verified)."""
+    return _rope_angles(torch.arange(n, device=device), cfg, dtype)
+
+
+def _rope_angles(positions: torch.Tensor, cfg, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     freqs = _rope_freqs(cfg.head_dim // 2, cfg.rope_base, dtype, positions.device)
     g = cfg.grid_size
     row = (positions // g).to(dtype).unsqueeze(-1) * freqs
@@ -116,13 +129,22 @@ def rope_2d(
 
 def rotation(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """(cos, sin) (B, m, D/2) -> the complex rotation (B, m, 1, D/2) that ``apply_rope`` takes;
-    built once per forward and shared by every layer."""
+    built once per forward and shared by every layer. Under ``torch.compile``: the pair
+    (cos, sin), each (B, m, 1, D/2), for ``apply_rope``'s real arithmetic."""
+    if compiling():
+        return cos.unsqueeze(2), sin.unsqueeze(2)
     return torch.complex(cos, sin).unsqueeze(2)
 
 
 def apply_rope(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
     """x (B, m, H, D) rotated pairwise (x[2i], x[2i+1]) by ``rot`` = cos + i sin (B, m, 1, D/2):
-    one complex product per pair, upstream's rotation, in the compute dtype of ``rot``."""
+    one complex product per pair, upstream's rotation, in the compute dtype of ``rot``. Under
+    ``torch.compile`` the same product in real arithmetic (inductor generates no complex code)."""
+    if isinstance(rot, tuple):  # compiled: (a + ib)(c + id) = (ac - bd) + i(ad + bc)
+        c, d = rot
+        pairs = x.to(c.dtype).reshape(*x.shape[:-1], -1, 2)
+        a, b = pairs[..., 0], pairs[..., 1]
+        return torch.stack([a * c - b * d, a * d + b * c], dim=-1).flatten(3).to(x.dtype)
     real = torch.float64 if rot.dtype == torch.complex128 else torch.float32
     xs = torch.view_as_complex(x.to(real).reshape(*x.shape[:-1], -1, 2).contiguous())
     return torch.view_as_real(xs * rot).flatten(3).to(x.dtype)
@@ -288,6 +310,7 @@ class LlamaGenTarget:
         decoder: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
         cache_headroom: int = 64,
         prefill_features: str = "last",
+        compile: bool = False,
     ):
         self.model = model.eval()
         self.cfg_scale = float(cfg_scale)
@@ -303,6 +326,9 @@ class LlamaGenTarget:
         self.n_image_tokens = cfg.block_size
         self.cache: Optional[KVCache] = None
         self.batch_size = 0
+        # compile: the decode / tree forwards under torch.compile over a static cache (coolsd.compiled)
+        self.compiled = bool(compile)
+        self._step_fn = compile_step(self._step, model.device) if compile else self._step
 
     @property
     def guided(self) -> bool:
@@ -318,7 +344,7 @@ class LlamaGenTarget:
             self.cache.reset()
             return self.cache
         max_len = -(-(cfg.cls_token_num + cfg.block_size + self.cache_headroom) // 8) * 8
-        return KVCache(cfg.n_layer, n, cfg.n_head, cfg.head_dim, max_len, m.dtype, m.device)
+        return KVCache(cfg.n_layer, n, cfg.n_head, cfg.head_dim, max_len, m.dtype, m.device, static=self.compiled)
 
     def _halves(self, hidden: torch.Tensor) -> torch.Tensor:
         """(2B, m, H) -> (B, m, 2, H) = [cond, uncond] when guided: EAGLE drafters run their own CFG."""
@@ -373,12 +399,24 @@ class LlamaGenTarget:
         """tokens, positions: (B, m); positions are image-token indices (token j predicts j+1)."""
         if self.cache is None:
             raise RuntimeError("call begin() first")
+        if self.compiled:
+            self.cache.check_room(tokens.shape[1])
         model = self.model
-        tokens = self._double(tokens.to(model.device))
-        positions = self._double(positions.to(model.device))
-        cos, sin = rope_2d(positions, model.config, _compute_dtype(model.dtype))
-        hidden = model.run(model.tok_embeddings(tokens), cos, sin, self.cache, attend)
-        return self._out(hidden)
+        dev = model.device
+        # the RoPE table is made outside the compiled step (traced, it would be recomputed every call)
+        table = rope_table(model.config, _compute_dtype(model.dtype), dev, self.n_image_tokens + self.cache_headroom)
+        logits, hidden = self._step_fn(tokens.to(dev), positions.to(dev), attend.to(dev), *table)
+        return StepOut(logits=logits, hidden=hidden)
+
+    def _step(self, tokens, positions, attend, cos, sin):
+        """One cached forward (compiled when ``compile``): (logits, hidden) as ``_out`` gives
+        them; ``cos``, ``sin``: ``rope_table`` rows, indexed by position (clamped to the table)."""
+        model = self.model
+        tokens, positions = self._double(tokens), self._double(positions)
+        at = positions.clamp(0, cos.shape[0] - 1)
+        hidden = model.run(model.tok_embeddings(tokens), cos[at], sin[at], self.cache, attend)
+        out = self._out(hidden)
+        return out.logits, out.hidden
 
     @torch.no_grad()
     def commit(self, keep: torch.Tensor, n_keep: torch.Tensor) -> None:

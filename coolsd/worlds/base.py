@@ -75,6 +75,8 @@ class World(ABC):
     # python -m coolsd.drafters.train: a LlamaGen-class world exposes ``target``, ``gpt``,
     # ``encode`` and ``training_captions(n, seed, path)``
     trains_drafters: ClassVar[bool] = False
+    # compile=true: the world runs its target and drafter forwards under torch.compile (coolsd.compiled)
+    compiles: ClassVar[bool] = False
 
     name: str
     device: torch.device
@@ -176,7 +178,8 @@ class DiscreteWorld(World):
         """The draft model (an ``ARModel``) of the configured ``draft``; an error if none."""
 
     def settings(self) -> dict:
-        return {"sampling": dataclasses.asdict(self.sampling), "cfg_scale": float(self.cfg_scale)}
+        return {"sampling": dataclasses.asdict(self.sampling), "cfg_scale": float(self.cfg_scale),
+                **({"compiled": True} if getattr(self, "compiled", False) else {})}
 
     def build_method(self, name: str, params: dict, tree="chain", draft_length=None):
         return build_method(name, family=self.family, tree=tree, draft_length=draft_length, neighbours=self.neighbours,

@@ -27,6 +27,7 @@ REAL_TARGET_HINT = "image metrics: python -m coolsd.evaluate {out_dir}"
 class LlamaGenWorld(DiscreteWorld):
     next_step = REAL_TARGET_HINT
     trains_drafters = True
+    compiles = True
 
     @classmethod
     def training_captions(cls, n: int, seed: int, path=None) -> list[str]:
@@ -60,21 +61,25 @@ class LlamaGenWorld(DiscreteWorld):
         if kind == "eagle":
             files["drafter"] = file_identity(d.path)
         sampling = SamplingConfig.resolve(t.get("sampling"), cfg.get("sampling"))
-        return cls(t.name, gpt, encoder, vq, float(t.cfg_scale), sampling, kind, head, files)
+        return cls(t.name, gpt, encoder, vq, float(t.cfg_scale), sampling, kind, head, files,
+                   compile=bool(cfg.get("compile", False)))
 
     def __init__(self, name: str, gpt: LlamaGenGPT, encoder, vq, cfg_scale: float, sampling: SamplingConfig,
-                 draft_kind: str = "eagle", head: Optional[EagleHead] = None, files: Optional[dict] = None):
+                 draft_kind: str = "eagle", head: Optional[EagleHead] = None, files: Optional[dict] = None,
+                 compile: bool = False):
         self.name, self.gpt, self.encoder, self.vq = name, gpt, encoder, vq
         self.cfg_scale, self.sampling, self.draft_kind, self._files = cfg_scale, sampling, draft_kind, files or {}
         self.device = gpt.device
         self.neighbours = neighbours_from_codebook(vq.quantize.codebook().detach().float())
         # LANTERN's drafters prefill every text slot's feature: the target hands them all over
         prefix = head is not None and getattr(head, "text_prefix", True)
-        self.target = LlamaGenTarget(gpt, cfg_scale=cfg_scale, prefill_features="all" if prefix else "last")
+        self.compiled = compile
+        self.target = LlamaGenTarget(gpt, cfg_scale=cfg_scale, prefill_features="all" if prefix else "last",
+                                     compile=compile)
         if draft_kind == "self":  # the target drafts for itself (its own caches)
-            self._drafter = LlamaGenTarget(gpt, cfg_scale=cfg_scale)
+            self._drafter = LlamaGenTarget(gpt, cfg_scale=cfg_scale, compile=compile)
         elif head is not None:
-            self._drafter = EagleDrafter.for_target(head, self.target, text_prefix=prefix)
+            self._drafter = EagleDrafter.for_target(head, self.target, text_prefix=prefix, compile=compile)
         else:
             self._drafter = None
 

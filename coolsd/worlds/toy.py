@@ -62,6 +62,7 @@ class ToyWorld(DiscreteWorld):
         return toy_quality(outputs, prompts, files.get("assets_dir"), files["assets"][FEATURES])
 
     trains_drafters = True
+    compiles = True
 
     @classmethod
     def training_captions(cls, n: int, seed: int, path=None) -> list[str]:
@@ -94,13 +95,14 @@ class ToyWorld(DiscreteWorld):
         self.gpt, self.vq, self.encoder = assets.gpt, assets.vq, assets.encoder
         self.device = self.gpt.device
         self.neighbours = neighbours_from_codebook(self.vq.codebook.detach())
-        self.target = LlamaGenTarget(self.gpt, cfg_scale=self.cfg_scale)
+        self.compiled = bool(cfg.get("compile", False))
+        self.target = LlamaGenTarget(self.gpt, cfg_scale=self.cfg_scale, compile=self.compiled)
         self.draft_path = str(cfg.draft.path) if draft == "eagle" else None
         if draft == "self":  # the target drafts for itself (its own caches): EAGLE accepts every token
-            self._drafter = LlamaGenTarget(self.gpt, cfg_scale=self.cfg_scale)
+            self._drafter = LlamaGenTarget(self.gpt, cfg_scale=self.cfg_scale, compile=self.compiled)
         else:
             head = load_eagle_head(self.draft_path, self.gpt) if draft == "eagle" else assets.head
-            self._drafter = EagleDrafter.for_target(head, self.target)
+            self._drafter = EagleDrafter.for_target(head, self.target, compile=self.compiled)
 
     def files(self) -> dict:
         return {"assets": self.assets.manifest["sha256"], **({"assets_dir": str(self.assets_dir)} if self.assets_dir else {}),

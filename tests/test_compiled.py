@@ -1,0 +1,122 @@
+"""The compiled decode path (``compile=true``, coolsd.compiled; issue 14).
+
+* compiled forwards of the LlamaGen target and the EAGLE-1 drafter (prefill, AR step, tree step,
+  commits in between, CFG) equal the eager ones within fp32 tolerance;
+* in fp64 a compiled speculative generation emits the eager run's tokens (the fused kernels'
+  rounding, ~1e-15, moves no sampled token) and compiles nothing on a second run;
+* the job: zero graphs compiled after its warm-up, counted in the summary; clear errors for
+  targets without a compiled path and for compile together with batch invariance.
+
+Compiling costs seconds per graph on a CPU, so the tests use tiny models and few shapes.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import factories
+from coolsd.compiled import compile_count
+from coolsd.decoding.rng import PerSampleRNG
+from coolsd.decoding.trees import make_tree
+from coolsd.drafters.eagle import EagleDrafter, EagleHead
+from coolsd.drafting import ModelDrafter, SamplingConfig
+from coolsd.generate import speculative_generate
+from coolsd.methods import build_method
+from coolsd.models.llamagen import LlamaGenTarget
+
+TREE = make_tree("chain", 3)
+
+
+def _rounds(target, drafter, cond, B: int) -> list[torch.Tensor]:
+    """Prefill, an AR step, a committed chain step, a drafter context forward and a level forward:
+    every output, in order."""
+    outs = []
+    pre = target.begin(cond, B)
+    outs += [pre.logits, pre.hidden]
+    n = TREE.n_nodes + 1
+    tok = torch.arange(B * n).reshape(B, n) % target.vocab_size
+    s = target.forward(tok[:, :1], torch.zeros(B, 1, dtype=torch.long), torch.ones(1, 1, dtype=torch.bool))
+    outs += [s.logits, s.hidden]
+    target.commit(torch.zeros(B, 1, dtype=torch.long), torch.ones(B, dtype=torch.long))
+    s = target.forward(tok, 1 + TREE.depth.expand(B, n), TREE.ancestors)
+    outs += [s.logits, s.hidden]
+    target.commit(torch.arange(n).expand(B, n), torch.tensor([2, 3][:B] + [1] * (B - 2)))
+    drafter.begin(cond, B, pre)
+    d = drafter.forward(tok, TREE.depth.expand(B, n), torch.ones(n, n, dtype=torch.bool).tril(), s.hidden)
+    outs += [d.logits, d.hidden]
+    drafter.commit(torch.arange(n).expand(B, n), torch.full((B,), n))
+    d = drafter.forward(tok[:, :1], torch.full((B, 1), n), torch.ones(1, 1, dtype=torch.bool), s.hidden[:, :1])
+    outs += [d.logits, d.hidden]
+    return outs
+
+
+@torch.no_grad()
+def test_compiled_forwards_equal_eager_fp32():
+    gpt = factories.engine_model(0).float()
+    head = EagleHead.from_target(gpt, seed=3)
+    cond = {k: v.float() if v.is_floating_point() else v for k, v in factories.engine_cond([3, 8]).items()}
+    results = []
+    for compile in (False, True):
+        target = LlamaGenTarget(gpt, cfg_scale=3.0, compile=compile)
+        drafter = EagleDrafter.for_target(head, target, compile=compile)
+        results.append(_rounds(target, drafter, cond, 2))
+    for eager, compiled in zip(*results):
+        scale = eager.abs().max()
+        assert (compiled - eager).abs().max() <= 1e-5 * scale + 1e-6, float((compiled - eager).abs().max())
+
+
+@torch.no_grad()
+def test_compiled_generation_equals_eager_fp64_and_compiles_once():
+    gpt = factories.engine_model(1)
+    head = EagleHead.from_target(gpt, seed=3)
+    cond = factories.engine_cond([3, 8])
+    method = build_method("coolsd", tree="chain", draft_length=3, delta=2.0)
+    sampling = SamplingConfig()
+
+    def generate(compile: bool):
+        target = LlamaGenTarget(gpt, cfg_scale=3.0, compile=compile)
+        drafter = ModelDrafter(EagleDrafter.for_target(head, target, compile=compile), sampling)
+        return speculative_generate(target, target.n_image_tokens, PerSampleRNG([5, 6]), rule=method.rule,
+                                    drafter=drafter, tree=method.tree, sampling=sampling, cond=cond, batch_size=2)
+
+    eager = generate(False)
+    compiled = generate(True)
+    assert torch.equal(eager.tokens, compiled.tokens)
+    assert eager.round_lengths == compiled.round_lengths
+    n = compile_count()
+    again = generate(True)  # new target and drafter objects, same shapes: no new graph
+    assert compile_count() == n
+    assert torch.equal(again.tokens, eager.tokens)
+
+
+def test_job_counts_compilations_after_warmup(tmp_path, world_overrides):
+    from coolsd.job import run_job
+
+    cfg = factories.compose(*world_overrides("llamagen_xl"), "method=coolsd", "tree.draft_length=2",
+                            "dataset.n_prompts=3", "batch_size=2", "compile=true")
+    summary = run_job(cfg, tmp_path / "run")
+    assert summary["compiled"] is True
+    # the warm-up ran batch 2 and the last batch's size 1: nothing compiled while timing
+    assert summary["compile"]["graphs_compiled_after_warmup"] == 0
+    assert summary["compile"]["warmup_s"] > 0
+    records = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    assert all("compilations" in r for r in records)
+    # a compiled run never resumes into an eager run's folder (compile is part of the run identity)
+    eager = factories.compose(*world_overrides("llamagen_xl"), "method=coolsd", "tree.draft_length=2",
+                              "dataset.n_prompts=3", "batch_size=2")
+    with pytest.raises(Exception, match="(?i)differ|another|mismatch|identity"):
+        run_job(eager, tmp_path / "run")
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["target=mar_h", "method=cspd"], "compile=true is not implemented for target=mar_h"),
+    (["deterministic.batch_invariant=true"], "exclude each other"),
+])
+def test_compile_refused_before_loading(tmp_path, extra, message):
+    from coolsd.job import run_job
+
+    cfg = factories.compose("compile=true", *extra)
+    with pytest.raises(ValueError, match=message):
+        run_job(cfg, tmp_path / "run")
