@@ -7,7 +7,7 @@ VPY     := $(VENV)/bin/python
 TORCH   ?= torch==2.13.0
 STAMP   := $(VENV)/.installed
 
-.PHONY: install run test theory toy-assets toy-continuous-assets demo continuous-bench paper-table2 clean
+.PHONY: install run test theory toy-assets toy-continuous-assets demo continuous-bench speed paper-table2 clean
 
 $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -42,6 +42,10 @@ continuous-bench: $(STAMP)
 # The toy sweep: every method on the same prompts; table + Pareto plot in results/toy/
 demo: $(STAMP)
 	$(VPY) benchmarks/toy_sweep.py
+
+# Eager vs compiled decoding on the toy world: a round's cost against its forwards, speed-ups vs same-mode AR
+speed: $(STAMP)
+	$(VPY) benchmarks/speed.py
 
 # The COOL-SD Table 2 layout for TARGETS (comma-separated; toy runs anywhere)
 TARGETS ?= toy

@@ -130,6 +130,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--modes", default="eager,compiled")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "speed")
+    ap.add_argument("--profile-prompts", type=int, default=8, help="cProfile COOL-SD on this many prompts per mode")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     modes = a.modes.split(",")
@@ -200,8 +201,32 @@ def main(argv=None) -> dict:
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "summary.json").write_text(json.dumps(summary, indent=1))
     (a.out / "table.md").write_text(markdown(summary))
+    if a.profile_prompts:
+        k = min(a.profile_prompts, a.prompts)
+        (a.out / "profile.md").write_text("\n".join(
+            profile(worlds[mode], methods[mode]["coolsd_2"], scenes[:k], seeds[:k], mode, env) for mode in modes))
     print(markdown(summary))
     return summary
+
+
+def profile(world, method, scenes, seeds, mode: str, env: dict, top: int = 18) -> str:
+    """cProfile of COOL-SD (chain 4) at batch 1: the functions with the most own time."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for s, seed in zip(scenes, seeds):
+        world.generate(method, [s], [seed])
+    prof.disable()
+    text = io.StringIO()
+    stats = pstats.Stats(prof, stream=text)
+    stats.sort_stats("tottime").print_stats(top)
+    body = text.getvalue()
+    body = body[body.index("ncalls"):] if "ncalls" in body else body
+    return (f"## {mode}: COOL-SD delta 2, chain 4, {len(scenes)} prompts at batch 1 ({env['cpu']}, "
+            f"{env['threads']} thread; cProfile adds its own per-call cost)\n\n```\n{body.strip()}\n```\n")
 
 
 def markdown(s: dict) -> str:

@@ -43,3 +43,12 @@ def compile_count() -> int:
 def compiling() -> bool:
     """Whether the calling code is being traced by ``torch.compile``."""
     return torch.compiler.is_compiling()
+
+
+def compiled_for(owner, name: str, fn: Callable) -> Callable:
+    """``compile_step(fn)`` made once per ``owner`` (a model object) and kept on it: graphs are
+    cached per owner, so one process running many models never reaches ``RECOMPILE_LIMIT``."""
+    cache = owner.__dict__.setdefault("_compiled_fns", {})
+    if name not in cache:
+        cache[name] = compile_step(fn, getattr(owner, "device", "cpu"))
+    return cache[name]

@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 import torch
 
+from coolsd.compiled import compile_step
 from coolsd.decoding.sampling import sample_inverse_cdf, sample_without_replacement, warp_probs
 from coolsd.decoding.trees import Tree
 from coolsd.protocols import ARModel, StepOut
@@ -77,6 +78,10 @@ class ModelDrafter:
         self.model = model
         self.sampling = sampling
         self.forwards = 0
+        # a compiled model (coolsd.compiled): the whole expansion of a round is one compiled call, and it
+        # drafts the full tree every round (static shapes; nodes past the image's end are never verified)
+        self.compiled = bool(getattr(model, "compiled", False))
+        self._expand_fn = compile_step(self._expand, getattr(model, "device", "cpu")) if self.compiled else self._expand
 
     def begin(self, cond: Any, batch_size: int, first_token: torch.Tensor, target_out: Optional[StepOut]):
         self.model.begin(cond, batch_size, context=target_out)
@@ -89,42 +94,52 @@ class ModelDrafter:
     def depth_cap(self, n_out: torch.Tensor) -> Optional[torch.Tensor]:
         return None
 
-    def propose(self, tree: Tree, rng, needed_depth: int) -> tuple[torch.Tensor, torch.Tensor]:
-        B, C = self.ctx_tokens.shape
+    def propose(self, tree: Tree, rng, max_depth: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The round's tree: (tokens (B, n+1), q (B, n+1, V)); nodes deeper than ``max_depth``
+        (B,) are not verified, so eager drafting stops at its maximum (one host read)."""
+        expanded = sum(1 for k in tree.n_children_list if k > 0)
+        # a fixed number of uniforms per sample and round, whatever the batch needs
+        u = rng.uniform(max(expanded, 1), self.model.vocab_size)
+        depth = tree.max_depth if self.compiled else min(tree.max_depth, int(max_depth.max()))
+        tokens, q, self.length = self._expand_fn(tree, u, depth, self.ctx_tokens, self.ctx_feats, self.ctx_count,
+                                                 self.length)
+        self.forwards += 1 + sum(1 for d in range(1, depth) if any(tree.n_children_list[c] > 0 for c in tree.levels[d]))
+        return tokens, q
+
+    def _expand(self, tree: Tree, u: torch.Tensor, depth_to_draft: int, ctx_tokens, ctx_feats, ctx_count, length):
+        """The drafter's forwards of one round: the context (accepted tokens and the emitted
+        one, committed), then level by level the children of every node, drawn without
+        replacement with the round's uniforms ``u``. Returns (tokens, q, new committed length)."""
+        B, C = ctx_tokens.shape
         ar = torch.arange(B)
         n_children = tree.n_children_list
         expand_nodes = [i for i in range(tree.n_nodes + 1) if n_children[i] > 0]
         expand_col = {node: j for j, node in enumerate(expand_nodes)}
         V = self.model.vocab_size
-        # a fixed number of uniforms per sample and round, whatever the batch needs
-        u = rng.uniform(max(len(expand_nodes), 1), V)
 
-        pos = self.length.unsqueeze(1) + torch.arange(C)
+        pos = length.unsqueeze(1) + torch.arange(C)
         causal = torch.ones(C, C, dtype=torch.bool).tril()
-        out = self.model.forward(self.ctx_tokens, pos, causal, self.ctx_feats)
-        self.forwards += 1
-        self.model.commit(torch.arange(C).expand(B, C), self.ctx_count)
-        last = self.ctx_count - 1
-        self.length = self.length + self.ctx_count
+        out = self.model.forward(ctx_tokens, pos, causal, ctx_feats)
+        self.model.commit(torch.arange(C).expand(B, C), ctx_count)
+        last = ctx_count - 1
+        length = length + ctx_count
         root_logits = out.logits[ar, last]
         root_hidden = None if out.hidden is None else out.hidden[ar, last]
 
         n1 = tree.n_nodes + 1
         tokens = torch.zeros(B, n1, dtype=torch.long)
-        tokens[:, 0] = self.ctx_tokens[ar, last]
+        tokens[:, 0] = ctx_tokens[ar, last]
         q = torch.zeros(B, n1, V, dtype=torch.promote_types(root_logits.dtype, torch.float32))
         node_probs = {0: self.sampling.probs(root_logits)}
         node_hidden = {0: root_hidden}
         forwarded: list[int] = []  # pending tree entries in cache order
-        depth_to_draft = min(tree.max_depth, needed_depth)
         for d in range(depth_to_draft):
             for i in tree.levels[d]:
                 m = n_children[i]
                 if m == 0:
                     continue
                 toks, cond = sample_without_replacement(node_probs[i], u[:, expand_col[i]], m)
-                for r in range(m):
-                    c = int(tree.children[i, r])
+                for r, c in enumerate(tree.children_list[i]):
                     tokens[:, c] = toks[:, r]
                     q[:, c] = cond[:, r].to(q.dtype)
             # run the drafter on level d+1 only if some of its nodes will be expanded
@@ -133,18 +148,16 @@ class ModelDrafter:
                 continue
             allowed = forwarded + nxt
             attend = tree.ancestors[nxt][:, allowed]
-            parents = tree.parent[nxt]
             feats = None
             if node_hidden[0] is not None:
-                feats = torch.stack([node_hidden[int(pp)] for pp in parents], dim=1)
-            pos = (self.length - 1).unsqueeze(1) + tree.depth[nxt].unsqueeze(0)
+                feats = torch.stack([node_hidden[tree.parent_list[c]] for c in nxt], dim=1)
+            pos = (length - 1).unsqueeze(1) + tree.depth[nxt].unsqueeze(0)
             step = self.model.forward(tokens[:, nxt], pos, attend, feats)
-            self.forwards += 1
             for j, c in enumerate(nxt):
                 node_probs[c] = self.sampling.probs(step.logits[:, j])
                 node_hidden[c] = None if step.hidden is None else step.hidden[:, j]
             forwarded.extend(nxt)
-        return tokens, q
+        return tokens, q, length
 
     def observe(self, info: RoundInfo) -> None:
         B = info.tokens.shape[0]
@@ -188,7 +201,7 @@ class JacobiDrafter:
         lo, hi = self.active
         return torch.where((n_out >= lo) & (n_out < hi), self.n, 0)
 
-    def propose(self, tree: Tree, rng, needed_depth: int):
+    def propose(self, tree: Tree, rng, max_depth: torch.Tensor):
         B, n = self.carry_tokens.shape[0], self.n
         u = rng.uniform(2, n)  # row 0: random top-ups, row 1: next iteration's target samples
         self._u_next = u[:, 1]

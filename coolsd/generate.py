@@ -16,7 +16,8 @@ import torch
 from coolsd.decoding.rules import Rule
 from coolsd.decoding.sampling import sample_inverse_cdf
 from coolsd.decoding.trees import EMPTY_TREE, Tree
-from coolsd.decoding.verify import verify_tree
+from coolsd.compiled import compiled_for
+from coolsd.decoding.verify import Verdict, verify_tree
 from coolsd.drafting import RoundInfo, SamplingConfig
 from coolsd.protocols import ARModel
 
@@ -98,14 +99,17 @@ def speculative_generate(
         n_out += 1
     else:
         root = torch.full((B,), int(bos_token), dtype=torch.long)
+    n_out0 = 0 if bos_token is not None else 1
     if drafter is not None:
         drafter.begin(cond, B, root, prefill)
+    round_fn = compiled_for(target, "round", verify_round) if getattr(target, "compiled", False) else verify_round
     buf = torch.zeros(B, n_tokens + tree.max_depth + 2, dtype=torch.long)
     buf[:, : out.shape[1]] = out
     round_log: list[torch.Tensor] = []
     t_len = torch.zeros(B, dtype=torch.long)  # committed target entries after the condition
     n1 = tree.n_nodes + 1
-    while bool((n_out < n_tokens).any()):
+    more = n_out0 < n_tokens  # host-known: every sample starts with the same count
+    while more:
         active = n_out < n_tokens
         remaining = n_tokens - n_out
         max_depth = torch.clamp(remaining, max=tree.max_depth) if tree.n_nodes else torch.zeros_like(remaining)
@@ -116,23 +120,13 @@ def speculative_generate(
         u_accept = rng.uniform(n1)
         u_emit = rng.uniform(1)[:, 0]
         if drafter is not None:
-            tokens, q = drafter.propose(tree, rng, int(max_depth.max()))
+            tokens, q = drafter.propose(tree, rng, max_depth)
         else:
             tokens, q = root.unsqueeze(1), None
-        positions = t_len.unsqueeze(1) + tree.depth.unsqueeze(0)
-        step = target.forward(tokens, positions, tree.ancestors, None)
-        _check_finite(step.logits, n_out, active)
+        hidden, p, path, n_accepted, emitted, n_keep, bad = round_fn(
+            target, tokens, t_len, tree, q, rule or _NO_RULE, u_accept, u_emit, max_depth, remaining, active, sampling)
+        verdict = Verdict(path, n_accepted, emitted, None)
         forwards += active.long()
-        p = sampling.probs(step.logits)
-        if q is None:
-            q = torch.zeros_like(p)
-        verdict = verify_tree(
-            p, q.to(p.dtype), tokens, tree, rule or _NO_RULE, u_accept, u_emit, max_depth,
-            emit_allowed_after=remaining,
-        )
-        keep = torch.cat([torch.zeros(B, 1, dtype=torch.long), verdict.path.clamp(min=0)], dim=1)
-        n_keep = torch.where(active, verdict.n_accepted + 1, torch.zeros_like(verdict.n_accepted))
-        target.commit(keep, n_keep)
         t_len += n_keep
         # append accepted drafts then the emitted token at each sample's end
         D = verdict.path.shape[1]
@@ -148,9 +142,14 @@ def speculative_generate(
         round_log.append(torch.where(active, n_new, -1))
         if drafter is not None:
             drafter.observe(
-                RoundInfo(tokens, verdict.path, verdict.n_accepted, verdict.emitted, p, step.hidden)
+                RoundInfo(tokens, verdict.path, verdict.n_accepted, verdict.emitted, p, hidden)
             )
         root = torch.where(verdict.emitted >= 0, verdict.emitted, root)
+        # the round's one host read (compiled mode; eager drafting and verification add early exits)
+        failed, more = torch.stack([bad.any(), (n_out < n_tokens).any()]).tolist()
+        if failed:
+            b = int(bad.nonzero()[0, 0])
+            raise NonFiniteLogits(b, int(n_out[b] - n_new[b]))
     sync()
     seconds = time.perf_counter() - t0
     out = buf[:, :n_tokens]
@@ -164,6 +163,28 @@ def speculative_generate(
         seconds=seconds,
         first_from_prefill=bos_token is None,
     )
+
+
+def verify_round(target, tokens, t_len, tree: Tree, q, rule: Rule, u_accept, u_emit, max_depth, remaining, active,
+                 sampling: SamplingConfig):
+    """The target's side of a round (one compiled call under ``compile=true``): ONE forward over
+    the root and the drafted tree, the method's verification walk, the commit of the root and
+    the accepted path. Returns (hidden, p, path, n_accepted, emitted, n_keep, bad) with ``bad``
+    (B,) marking active samples whose logits are not finite (the caller raises; nothing here
+    reads the host)."""
+    B = tokens.shape[0]
+    positions = t_len.unsqueeze(1) + tree.depth.unsqueeze(0)
+    step = target.forward(tokens, positions, tree.ancestors, None)
+    bad = ~torch.isfinite(step.logits).all(-1).all(-1) & active
+    p = sampling.probs(step.logits)
+    if q is None:
+        q = torch.zeros_like(p)
+    verdict = verify_tree(p, q.to(p.dtype), tokens, tree, rule, u_accept, u_emit, max_depth,
+                          emit_allowed_after=remaining)
+    keep = torch.cat([torch.zeros(B, 1, dtype=torch.long), verdict.path.clamp(min=0)], dim=1)
+    n_keep = torch.where(active, verdict.n_accepted + 1, torch.zeros_like(verdict.n_accepted))
+    target.commit(keep, n_keep)
+    return step.hidden, p, verdict.path, verdict.n_accepted, verdict.emitted, n_keep, bad
 
 
 class _NoRule(Rule):

@@ -11,12 +11,17 @@ def test_gpu_benchmark_smoke_run(tmp_path):
     spec = importlib.util.spec_from_file_location("gpu_bench", ROOT / "benchmarks" / "gpu.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    out = bench.main(["--tiny", "--device", "cpu", "--dtype", "float32", "--repeats", "1", "--out", str(tmp_path)])
-    gen = out["generation"]
-    assert gen["ar"]["accepted_length"] == 1.0 and gen["ar"]["speedup"] == 1.0
-    for name in ("eagle_self", "coolsd2_self"):  # the target drafting for itself: whole tree paths accepted
-        assert 4.5 < gen[name]["accepted_length"] <= 5.0
-    assert out["forwards_batch1"]["tree_tokens"] == 26 and out["bandwidth_gbs"] is None
+    out = bench.main(["--tiny", "--device", "cpu", "--dtype", "float32", "--repeats", "1", "--tree", "chain",
+                      "--draft-length", "3", "--out", str(tmp_path)])
+    for mode in ("eager", "compiled"):
+        gen = out["modes"][mode]["generation"]
+        assert gen["ar"]["accepted_length"] == 1.0 and gen["ar"]["speedup"] == 1.0
+        for name in ("eagle_self", "coolsd2_self"):  # the target drafting for itself: whole chains accepted
+            assert 3.5 < gen[name]["accepted_length"] <= 4.0
+        assert gen["eagle_head"]["round_in_ar_steps"] > 0
+        assert out["modes"][mode]["forwards_batch1"]["tree_tokens"] == 4
+    assert out["modes"]["compiled"]["graphs_compiled_after_warmup"] == 0
+    assert out["ar_compiled_vs_eager"] > 0 and out["bandwidth_gbs"] is None
     assert json.loads((tmp_path / "tiny_cpu.json").read_text())["image_tokens"] == 16
     assert "| eagle_self |" in (tmp_path / "tiny_cpu.md").read_text()
     assert bench.bandwidth_of("NVIDIA H200") == 4800 and bench.bandwidth_of("NVIDIA A100-SXM4-40GB") == 1555

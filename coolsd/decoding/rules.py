@@ -65,11 +65,11 @@ class ScaledRule(Rule):
 
     def __init__(self, omega: torch.Tensor):
         self.omega = omega.double()
+        self.weights = [float(w) for w in self.omega]  # host floats: no tensor read per step (traceable)
 
     def numerator(self, p_res, depth):
         # depths past the schedule (never reached by a tree of depth L) reuse the last weight
-        w = float(self.omega[min(depth, len(self.omega)) - 1])
-        return w * p_res
+        return self.weights[min(depth, len(self.weights)) - 1] * p_res
 
     def describe(self):
         return {"rule": self.name, "omega": [round(float(w), 6) for w in self.omega]}

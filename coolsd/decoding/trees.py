@@ -33,9 +33,9 @@ class Tree:
         """Number of drafted nodes (the root excluded)."""
         return len(self.paths)
 
-    @property
+    @functools.cached_property
     def max_depth(self) -> int:
-        return int(self.depth.max())
+        return int(self.depth.max())  # a host int, read once (the tree is static)
 
     @property
     def max_children(self) -> int:
@@ -52,6 +52,15 @@ class Tree:
     @functools.cached_property
     def n_children_list(self) -> list[int]:
         return self.n_children().tolist()
+
+    @functools.cached_property
+    def parent_list(self) -> list[int]:
+        return self.parent.tolist()
+
+    @functools.cached_property
+    def children_list(self) -> list[list[int]]:
+        """children_list[i]: node i's children in rank (sampling) order."""
+        return [[c for c in row if c >= 0] for row in self.children.tolist()]
 
     @functools.cached_property
     def levels(self) -> list[list[int]]:
@@ -111,7 +120,13 @@ def _compile(name: str, ps: tuple[tuple[int, ...], ...]) -> Tree:
         while j >= 0:
             ancestors[i, j] = True
             j = int(parent[j])
-    return Tree(name, ps, parent, depth, rank, children, ancestors)
+    tree = Tree(name, ps, parent, depth, rank, children, ancestors)
+    for view in HOST_VIEWS:  # computed now, on the host: never inside a compiled round (coolsd.compiled)
+        getattr(tree, view)
+    return tree
+
+
+HOST_VIEWS = ("max_depth", "n_children_list", "parent_list", "children_list", "levels")
 
 
 def make_tree(tree: str | Sequence[Sequence[int]], draft_length: int | None = None) -> Tree:

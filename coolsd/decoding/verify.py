@@ -50,8 +50,9 @@ def verify_tree(
     n_acc = torch.zeros(B, dtype=torch.long)
     D = tree.max_depth
     path = torch.full((B, max(D, 1)), -1, dtype=torch.long)
+    eager = not torch.compiler.is_compiling()  # the early exits read the host: eager only (same results)
     for d in range(1, D + 1):
-        if not bool(searching.any()):
+        if eager and not bool(searching.any()):
             break
         found = torch.zeros(B, dtype=torch.bool)
         chosen = node.clone()
@@ -62,7 +63,7 @@ def verify_tree(
             qj = q[ar, c]
             # duplicates and q_j(x_j) <= 0 are skipped (METHODS.md 1.3)
             live = searching & ~found & (child >= 0) & (qj[ar, x] > 0)
-            if not bool(live.any()):
+            if eager and not bool(live.any()):
                 continue
             f, residual = rule.step(p_res, qj, x, d)
             acc = live & (u_accept[ar, c] < f)

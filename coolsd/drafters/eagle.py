@@ -44,6 +44,9 @@ from coolsd.models.kv_cache import KVCache
 from coolsd.models.llamagen import check_2d_rope, LlamaGenConfig, RMSNorm, apply_rope, rope_table, rotation
 from coolsd.protocols import StepOut
 
+# spare slots of a static (compiled) drafter cache beyond the text prefix and the image: pending tree entries
+STATIC_HEADROOM = 64
+
 # LANTERN's ``input_type`` sets the RoPE grid of the drafter (``cnets_llamagen.Model.__init__``).
 LANTERN_INPUT_TYPES = {"c2i": 576, "t2i": 256, "t2i2": 1024}
 
@@ -336,6 +339,11 @@ class EagleDrafter:
         # compile: the drafter step under torch.compile over a static cache (coolsd.compiled)
         self.compiled = bool(compile)
         self._step_fn = compile_step(self._step, head.device) if compile else self._step
+        self._rope = head.rope_table()  # made once (traced, it would be recomputed per call)
+
+    @property
+    def device(self) -> torch.device:
+        return self.head.device
 
     @classmethod
     def for_target(cls, head: EagleHead, target: Any, **kw) -> "EagleDrafter":
@@ -343,7 +351,9 @@ class EagleDrafter:
         return cls(head, target.model.output.weight, target.cfg_scale, **kw)
 
     # -------------------------------------------------------------- cache
-    def _ensure_cache(self, halves: int) -> None:
+    def _ensure_cache(self, halves: int, prefix: int = 0) -> None:
+        """The cache for ``halves`` x batch rows; static (compile) caches hold a ``prefix`` of text
+        slots, every image token and ``STATIC_HEADROOM`` pending entries."""
         if self.halves == halves:
             return
         if self.halves is not None:
@@ -353,10 +363,13 @@ class EagleDrafter:
         n = self.batch_size * halves
         cfg = self.head.config
         shape = (cfg.num_hidden_layers, n, cfg.num_attention_heads, cfg.head_dim, self.head.dtype, self.head.device)
-        if self.cache is not None and self.cache.matches(*shape):
+        max_len = self.cache_len
+        if self.compiled:
+            max_len = -(-(prefix + cfg.block_size + STATIC_HEADROOM) // 8) * 8
+        if self.cache is not None and self.cache.matches(*shape) and (max_len is None or self.cache.max_len == max_len):
             self.cache.reset()
         else:
-            self.cache = self.head.new_cache(n, self.cache_len, static=self.compiled)
+            self.cache = self.head.new_cache(n, max_len, static=self.compiled)
         self.halves = halves
 
     @staticmethod
@@ -385,7 +398,7 @@ class EagleDrafter:
         hidden = None if context is None else context.hidden
         if self.text_prefix and hidden is not None and hidden.shape[1] > 1:
             feats, halves = self._split(hidden[:, :-1])
-            self._ensure_cache(halves)
+            self._ensure_cache(halves, prefix=feats.shape[1])
             P = feats.shape[1]
             tokens = torch.zeros(feats.shape[0], P, dtype=torch.long)
             positions = torch.full((feats.shape[0], P), -1, dtype=torch.long)
@@ -410,10 +423,9 @@ class EagleDrafter:
             raise ValueError(f"begin() was called for batch {self.batch_size}, got {B}")
         self._ensure_cache(self._halves_of(features))
         if self.compiled:
-            self.cache.check_room(m)
+            self.cache.check_headroom(m, STATIC_HEADROOM)
         dev = self.head.device
-        logits, hidden = self._step_fn(tokens.to(dev), positions.to(dev), attend.to(dev), features,
-                                       *self.head.rope_table())
+        logits, hidden = self._step_fn(tokens.to(dev), positions.to(dev), attend.to(dev), features, *self._rope)
         return StepOut(logits=logits, hidden=hidden)
 
     def _step(self, tokens, positions, attend, features, cos, sin):

@@ -148,11 +148,13 @@ class KVCache:
                 values[b : b + 1, :, :s].contiguous(), attn_mask=step.mask[b : b + 1, :, :r, :s].contiguous())
         return out
 
-    def check_room(self, m: int) -> None:
-        """A static cache never grows: call before a (compiled) forward of m tokens (host ints only)."""
-        if self._max_committed + self.n_pending + m > self.max_len:
-            raise ValueError(f"static KV cache of {self.max_len} slots is full "
-                             f"({self._max_committed + self.n_pending + m} needed); give the model more cache headroom")
+    def check_headroom(self, m: int, headroom: int) -> None:
+        """A static cache never grows. Its owner sizes it so that every committed entry fits with
+        ``headroom`` slots to spare; a forward of m tokens fits if the pending entries do (host
+        ints only: no sync)."""
+        if self.n_pending + m > headroom:
+            raise ValueError(f"a forward of {m} tokens over {self.n_pending} pending ones needs more than the static "
+                             f"KV cache's {headroom} spare slots: use a smaller draft tree (or compile=false)")
 
     def advance(self, m: int) -> None:
         """Call once after all layers attended a step of m tokens."""
@@ -166,6 +168,8 @@ class KVCache:
         B, P = self.batch_size, self.n_pending
         keep = keep.to(self.device, torch.long)
         n_keep = n_keep.to(self.device, torch.long)
+        if self.static:
+            return self._commit_static(keep, n_keep, hide)
         if bool(((n_keep < 0) | (n_keep > P) | (n_keep > keep.shape[1])).any()):
             raise ValueError(f"n_keep must lie in [0, min({P} pending, {keep.shape[1]} keep columns)]")
         K = min(keep.shape[1], P)  # n_keep <= P, so columns beyond P are never kept
@@ -183,16 +187,35 @@ class KVCache:
                 moved = torch.gather(buf, 2, src_i)  # a copy, so src/dst overlap is safe
                 old = torch.gather(buf, 2, dst_i)
                 buf.scatter_(2, dst_i, torch.where(valid[:, None, :, None], moved, old))
-            if hide is None:
-                h = torch.zeros(B, K, dtype=torch.bool, device=self.device)
-            else:
-                h = hide[:, :K].to(self.device, torch.bool)
-            old_h = torch.gather(self.hidden_slots, 1, dst)
-            self.hidden_slots.scatter_(1, dst, torch.where(valid, h, old_h))
+            self._unhide(dst, valid, hide, K)
         self.length = self.length + n_keep
         self.n_pending = 0
         self._max_committed = int(self.length.max()) if B else 0
         self._same_length = bool((self.length == self.length[:1]).all()) if B else True
+
+    def _unhide(self, dst: torch.Tensor, valid: torch.Tensor, hide: Optional[torch.Tensor], K: int) -> None:
+        h = torch.zeros_like(valid) if hide is None else hide[:, :K].to(self.device, torch.bool)
+        old_h = torch.gather(self.hidden_slots, 1, dst)
+        self.hidden_slots.scatter_(1, dst, torch.where(valid, h, old_h))
+
+    def _commit_static(self, keep: torch.Tensor, n_keep: torch.Tensor, hide: Optional[torch.Tensor]) -> None:
+        """``commit`` without reading a tensor on the host (traceable by torch.compile): kept
+        entries always move (index_put on the buffers themselves), ``length`` is updated in place;
+        ``n_keep`` is trusted (the loop computes it)."""
+        P = self.n_pending
+        K = min(keep.shape[1], P)
+        if K > 0:
+            j = torch.arange(K, device=self.device)
+            valid = j.unsqueeze(0) < n_keep.unsqueeze(1)  # (B, K)
+            src = self.length.unsqueeze(1) + keep[:, :K].clamp(0, P - 1)
+            dst = self.length.unsqueeze(1) + j
+            b = torch.arange(self.batch_size, device=self.device).unsqueeze(1)
+            for buf in (*self.k, *self.v):
+                moved = buf[b, :, src]  # (B, K, H, D), a copy: src/dst overlap is safe
+                buf[b, :, dst] = torch.where(valid[:, :, None, None], moved, buf[b, :, dst])
+            self._unhide(dst, valid, hide, K)
+        self.length += n_keep
+        self.n_pending = 0
 
     def _keeps_in_place(self, keep: torch.Tensor, n_keep: torch.Tensor) -> bool:
         """Whether keep[b, j] == j for every kept j (AR steps, accepted chain prefixes)."""

@@ -329,10 +329,16 @@ class LlamaGenTarget:
         # compile: the decode / tree forwards under torch.compile over a static cache (coolsd.compiled)
         self.compiled = bool(compile)
         self._step_fn = compile_step(self._step, model.device) if compile else self._step
+        # RoPE rows for every position the cache can hold, made once (traced, they would be recomputed per call)
+        self._rope = rope_table(cfg, _compute_dtype(model.dtype), model.device, cfg.block_size + cache_headroom)
 
     @property
     def guided(self) -> bool:
         return self.cfg_scale != 1.0
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
 
     def _double(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([x, x]) if self.guided else x
@@ -399,13 +405,10 @@ class LlamaGenTarget:
         """tokens, positions: (B, m); positions are image-token indices (token j predicts j+1)."""
         if self.cache is None:
             raise RuntimeError("call begin() first")
-        if self.compiled:
-            self.cache.check_room(tokens.shape[1])
-        model = self.model
-        dev = model.device
-        # the RoPE table is made outside the compiled step (traced, it would be recomputed every call)
-        table = rope_table(model.config, _compute_dtype(model.dtype), dev, self.n_image_tokens + self.cache_headroom)
-        logits, hidden = self._step_fn(tokens.to(dev), positions.to(dev), attend.to(dev), *table)
+        if self.compiled:  # the static cache holds the condition, every image token and cache_headroom pending
+            self.cache.check_headroom(tokens.shape[1], self.cache_headroom)
+        dev = self.model.device
+        logits, hidden = self._step_fn(tokens.to(dev), positions.to(dev), attend.to(dev), *self._rope)
         return StepOut(logits=logits, hidden=hidden)
 
     def _step(self, tokens, positions, attend, cos, sin):
