@@ -103,6 +103,7 @@ def speculative_generate(
     if drafter is not None:
         drafter.begin(cond, B, root, prefill)
     round_fn = compiled_for(target, "round", verify_round) if getattr(target, "compiled", False) else verify_round
+    root = root.clone()  # advanced in place by the round
     buf = torch.zeros(B, n_tokens + tree.max_depth + 2, dtype=torch.long)
     buf[:, : out.shape[1]] = out
     round_log: list[torch.Tensor] = []
@@ -122,34 +123,18 @@ def speculative_generate(
         if drafter is not None:
             tokens, q = drafter.propose(tree, rng, max_depth)
         else:
-            tokens, q = root.unsqueeze(1), None
-        hidden, p, path, n_accepted, emitted, n_keep, bad = round_fn(
-            target, tokens, t_len, tree, q, rule or _NO_RULE, u_accept, u_emit, max_depth, remaining, active, sampling)
-        verdict = Verdict(path, n_accepted, emitted, None)
-        forwards += active.long()
-        t_len += n_keep
-        # append accepted drafts then the emitted token at each sample's end
-        D = verdict.path.shape[1]
-        vals = torch.cat([tokens.gather(1, verdict.path.clamp(min=0)), torch.zeros(B, 1, dtype=torch.long)], 1)
-        vals.scatter_(1, verdict.n_accepted.unsqueeze(1), verdict.emitted.clamp(min=0).unsqueeze(1))
-        n_new = verdict.n_accepted + (verdict.emitted >= 0).long()
-        n_new = torch.where(active, n_new, torch.zeros_like(n_new))
-        cols = torch.arange(D + 1).unsqueeze(0)
-        write = cols < n_new.unsqueeze(1)
-        where = torch.where(write, n_out.unsqueeze(1) + cols, n_tokens + D)  # dump column
-        buf.scatter_(1, where, torch.where(write, vals, 0))
-        n_out += n_new
-        round_log.append(torch.where(active, n_new, -1))
+            tokens, q = root.unsqueeze(1).clone(), None  # root itself advances in place
+        hidden, p, path, n_accepted, emitted, logged, status = round_fn(
+            target, tokens, t_len, tree, q, rule or _NO_RULE, u_accept, u_emit, max_depth, remaining, active, sampling,
+            buf, n_out, root, forwards)
+        round_log.append(logged)
         if drafter is not None:
-            drafter.observe(
-                RoundInfo(tokens, verdict.path, verdict.n_accepted, verdict.emitted, p, hidden)
-            )
-        root = torch.where(verdict.emitted >= 0, verdict.emitted, root)
-        # the round's one host read (compiled mode; eager drafting and verification add early exits)
-        failed, more = torch.stack([bad.any(), (n_out < n_tokens).any()]).tolist()
+            drafter.observe(RoundInfo(tokens, path, n_accepted, emitted, p, hidden))
+        # the round's one host read (in compiled mode; eager drafting and verification add early exits)
+        failed, more = status.tolist()
         if failed:
-            b = int(bad.nonzero()[0, 0])
-            raise NonFiniteLogits(b, int(n_out[b] - n_new[b]))
+            b = int(logged.eq(-2).nonzero()[0, 0])
+            raise NonFiniteLogits(b, int(n_out[b]))
     sync()
     seconds = time.perf_counter() - t0
     out = buf[:, :n_tokens]
@@ -166,25 +151,43 @@ def speculative_generate(
 
 
 def verify_round(target, tokens, t_len, tree: Tree, q, rule: Rule, u_accept, u_emit, max_depth, remaining, active,
-                 sampling: SamplingConfig):
+                 sampling: SamplingConfig, buf, n_out, root, forwards):
     """The target's side of a round (one compiled call under ``compile=true``): ONE forward over
     the root and the drafted tree, the method's verification walk, the commit of the root and
-    the accepted path. Returns (hidden, p, path, n_accepted, emitted, n_keep, bad) with ``bad``
-    (B,) marking active samples whose logits are not finite (the caller raises; nothing here
-    reads the host)."""
+    the accepted path, and the loop's bookkeeping, in place: accepted drafts then the emitted
+    token appended to ``buf`` at each sample's ``n_out``, ``n_out``, ``t_len``, ``root`` and
+    ``forwards`` advanced. Nothing here reads the host. Returns (hidden, p, path, n_accepted,
+    emitted, logged, status): ``logged`` (B,) the tokens each sample emitted this round (-1 if
+    it was done, -2 if its logits were not finite; then nothing else is valid), ``status`` (2,)
+    = [any sample failed, any sample still needs tokens]."""
     B = tokens.shape[0]
+    n_tokens = buf.shape[1] - tree.max_depth - 2  # buf's last columns are a dump for writes past the end
     positions = t_len.unsqueeze(1) + tree.depth.unsqueeze(0)
     step = target.forward(tokens, positions, tree.ancestors, None)
     bad = ~torch.isfinite(step.logits).all(-1).all(-1) & active
     p = sampling.probs(step.logits)
     if q is None:
         q = torch.zeros_like(p)
-    verdict = verify_tree(p, q.to(p.dtype), tokens, tree, rule, u_accept, u_emit, max_depth,
-                          emit_allowed_after=remaining)
-    keep = torch.cat([torch.zeros(B, 1, dtype=torch.long), verdict.path.clamp(min=0)], dim=1)
-    n_keep = torch.where(active, verdict.n_accepted + 1, torch.zeros_like(verdict.n_accepted))
+    v = verify_tree(p, q.to(p.dtype), tokens, tree, rule, u_accept, u_emit, max_depth, emit_allowed_after=remaining)
+    keep = torch.cat([torch.zeros(B, 1, dtype=torch.long), v.path.clamp(min=0)], dim=1)
+    n_keep = torch.where(active, v.n_accepted + 1, torch.zeros_like(v.n_accepted))
     target.commit(keep, n_keep)
-    return step.hidden, p, verdict.path, verdict.n_accepted, verdict.emitted, n_keep, bad
+    t_len += n_keep
+    forwards += active.long()
+    D = v.path.shape[1]
+    vals = torch.cat([tokens.gather(1, v.path.clamp(min=0)), torch.zeros(B, 1, dtype=torch.long)], 1)
+    vals.scatter_(1, v.n_accepted.unsqueeze(1), v.emitted.clamp(min=0).unsqueeze(1))
+    n_new = v.n_accepted + (v.emitted >= 0).long()
+    n_new = torch.where(active, n_new, torch.zeros_like(n_new))
+    cols = torch.arange(D + 1).unsqueeze(0)
+    write = cols < n_new.unsqueeze(1)
+    where = torch.where(write, n_out.unsqueeze(1) + cols, n_tokens + D)  # dump column
+    buf.scatter_(1, where, torch.where(write, vals, 0))
+    logged = torch.where(bad, -2, torch.where(active, n_new, -1))
+    n_out += torch.where(bad, 0, n_new)
+    root.copy_(torch.where(v.emitted >= 0, v.emitted, root))
+    status = torch.stack([bad.any(), (n_out < n_tokens).any()])
+    return step.hidden, p, v.path, v.n_accepted, v.emitted, logged, status
 
 
 class _NoRule(Rule):

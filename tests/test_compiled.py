@@ -21,7 +21,7 @@ from coolsd.compiled import compile_count
 from coolsd.decoding.rng import PerSampleRNG
 from coolsd.decoding.trees import make_tree
 from coolsd.drafters.eagle import EagleDrafter, EagleHead
-from coolsd.drafting import ModelDrafter, SamplingConfig
+from coolsd.drafting import SamplingConfig, build_drafter
 from coolsd.generate import speculative_generate
 from coolsd.methods import build_method
 from coolsd.models.llamagen import LlamaGenTarget
@@ -67,17 +67,23 @@ def test_compiled_forwards_equal_eager_fp32():
         assert (compiled - eager).abs().max() <= 1e-5 * scale + 1e-6, float((compiled - eager).abs().max())
 
 
+METHODS = {"ar": {}, "eagle": {"tree": "chain", "draft_length": 3},
+           "coolsd": {"tree": "chain", "draft_length": 3, "delta": 2.0}, "sjd": {"window": 4}}
+
+
+@pytest.mark.parametrize("name", list(METHODS))
 @torch.no_grad()
-def test_compiled_generation_equals_eager_fp64_and_compiles_once():
+def test_compiled_generation_equals_eager_fp64_and_compiles_once(name):
     gpt = factories.engine_model(1)
     head = EagleHead.from_target(gpt, seed=3)
     cond = factories.engine_cond([3, 8])
-    method = build_method("coolsd", tree="chain", draft_length=3, delta=2.0)
+    method = build_method(name, **METHODS[name])
     sampling = SamplingConfig()
 
     def generate(compile: bool):
         target = LlamaGenTarget(gpt, cfg_scale=3.0, compile=compile)
-        drafter = ModelDrafter(EagleDrafter.for_target(head, target, compile=compile), sampling)
+        drafter = build_drafter(method, EagleDrafter.for_target(head, target, compile=compile), sampling,
+                                target.vocab_size)
         return speculative_generate(target, target.n_image_tokens, PerSampleRNG([5, 6]), rule=method.rule,
                                     drafter=drafter, tree=method.tree, sampling=sampling, cond=cond, batch_size=2)
 

@@ -406,6 +406,8 @@ class EagleDrafter:
             self.head(tokens, feats, positions, causal, self.cache)
             n = feats.shape[0]
             self.cache.commit(torch.arange(P).expand(n, P), torch.full((n,), P, dtype=torch.long))
+        elif hidden is not None:  # the cache is ready before the first forward (compiled forwards never build one)
+            self._ensure_cache(self._halves_of(hidden))
         return None
 
     @torch.no_grad()
