@@ -225,6 +225,7 @@ def profile(world, method, scenes, seeds, mode: str, env: dict, top: int = 18) -
     stats.sort_stats("tottime").print_stats(top)
     body = text.getvalue()
     body = body[body.index("ncalls"):] if "ncalls" in body else body
+    body = body.replace(str(ROOT) + "/", "").replace(str(Path(torch.__file__).parents[1]) + "/", "")
     return (f"## {mode}: COOL-SD delta 2, chain 4, {len(scenes)} prompts at batch 1 ({env['cpu']}, "
             f"{env['threads']} thread; cProfile adds its own per-call cost)\n\n```\n{body.strip()}\n```\n")
 
