@@ -74,8 +74,31 @@ def speculative_generate(
     If ``bos_token`` is None the first token is sampled from the prefill output and is not a
     round (EAGLE/LANTERN convention); otherwise the first round is rooted at ``bos_token``
     (the theory lab: generation from the empty prefix, every token from a round).
-    ``rng`` gives uniforms per sample (``coolsd.decoding.rng``).
+    ``rng`` gives uniforms per sample (``coolsd.decoding.rng``, drawn on the CPU).
+
+    The loop's state lives on the target's device (``target.device``; the CPU if it has none):
+    on another device the loop runs under ``torch.device(...)`` (factory calls allocate there),
+    with the tree and the uniforms moved there. Untested on a GPU so far.
     """
+    dev = torch.device(getattr(target, "device", "cpu"))
+    if dev.type != "cpu":
+        with torch.device(dev):
+            return _generate(target, n_tokens, _UniformsOn(rng, dev), rule, drafter, tree.on(dev), sampling, cond,
+                             batch_size, bos_token, sync)
+    return _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_size, bos_token, sync)
+
+
+class _UniformsOn:
+    """A uniform source whose draws (made on the CPU, from per-sample generators) are moved to ``device``."""
+
+    def __init__(self, rng, device):
+        self.rng, self.device = rng, device
+
+    def uniform(self, *shape: int) -> torch.Tensor:
+        return self.rng.uniform(*shape).to(self.device)
+
+
+def _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_size, bos_token, sync):
     if n_tokens < 1:
         raise ValueError(f"n_tokens must be >= 1, got {n_tokens}")
     if drafter is None:

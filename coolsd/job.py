@@ -12,6 +12,7 @@ generated alone in distribution, and bit for bit with ``deterministic.batch_inva
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -19,8 +20,6 @@ import numpy as np
 import torch
 from PIL import Image
 from tqdm import tqdm
-
-import time
 
 from coolsd.batch_invariant import batch_invariant
 from coolsd.compiled import compile_count
@@ -30,7 +29,7 @@ from coolsd.records import RecordWriter, claim_run_dir, resume_records
 from coolsd.shards import Shard
 from coolsd.summary import GRID_COLUMNS, summarize, write_outputs
 from coolsd.timing import hardware_name
-from coolsd.worlds import world_class
+from coolsd.worlds import WORLDS, world_class
 
 TIMING_KEYS = ("latency_s", "decode_s", "hardware")  # differ between processes and machines (a sample's own numbers)
 
@@ -224,8 +223,9 @@ def run_job(cfg, out_dir: Path, world=None) -> dict:
     name, params = method_from_cfg(cfg)
     check_method(name, world_cls.family, params)  # name, family, parameter names: before anything loads
     if cfg.get("compile", False) and not world_cls.compiles:
-        raise ValueError(f"compile=true is not implemented for target={cfg.target.name} yet (toy, llamagen_xl, "
-                         f"llamagen_xl_512 have it); run it eagerly with compile=false")
+        have = ", ".join(n for n in WORLDS if world_class(n).compiles)
+        raise ValueError(f"compile=true is not implemented for target={cfg.target.name} yet ({have} have it); "
+                         f"run it eagerly with compile=false")
     if cfg.get("compile", False) and invariant:
         raise ValueError("compile=true and deterministic.batch_invariant=true exclude each other (compiled kernels "
                          "fuse and reorder float operations); set one of them to false")

@@ -106,3 +106,18 @@ def test_latency_is_bracketed_by_device_syncs():
     assert device_sync("cpu")() is None
     if torch.cuda.is_available():
         device_sync("cuda")()
+
+
+def test_tree_on_another_device_keeps_its_host_views():
+    """The loop moves the tree to the target's device (``Tree.on``): index tensors there, the
+    host views (levels, children, parents, depth) the same, one copy per device."""
+    from coolsd.decoding.trees import HOST_VIEWS, make_tree
+
+    tree = make_tree("mc_sim_7b_63")
+    assert tree.on("cpu") is tree
+    moved = tree.on("meta")
+    assert moved is tree.on("meta")
+    assert moved.children.device.type == "meta" and moved.ancestors.device.type == "meta"
+    for view in HOST_VIEWS:
+        assert getattr(moved, view) == getattr(tree, view)
+    assert moved.n_nodes == tree.n_nodes and moved.paths == tree.paths

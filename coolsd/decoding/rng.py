@@ -21,7 +21,7 @@ class PerSampleRNG:
 
     def uniform(self, *shape: int) -> torch.Tensor:
         """(B, *shape) uniforms in [0, 1); row b comes from sample b's generator only."""
-        return torch.stack([torch.rand(shape, generator=g, dtype=self.dtype) for g in self.gens])
+        return torch.stack([torch.rand(shape, generator=g, dtype=self.dtype, device="cpu") for g in self.gens])
 
 
 class SharedRNG:
@@ -32,4 +32,4 @@ class SharedRNG:
         self.dtype = dtype
 
     def uniform(self, *shape: int) -> torch.Tensor:
-        return torch.rand((self.batch, *shape), generator=self.gen, dtype=self.dtype)
+        return torch.rand((self.batch, *shape), generator=self.gen, dtype=self.dtype, device="cpu")

@@ -7,6 +7,7 @@ order recursive rejection visits them (METHODS.md 1.3).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Sequence
@@ -52,6 +53,20 @@ class Tree:
     @functools.cached_property
     def n_children_list(self) -> list[int]:
         return self.n_children().tolist()
+
+    def on(self, device) -> "Tree":
+        """This tree with its index tensors on ``device`` (made once per device)."""
+        device = torch.device(device)
+        if self.parent.device == device:
+            return self
+        copies = self.__dict__.setdefault("_on_device", {})
+        if device not in copies:
+            moved = dataclasses.replace(
+                self, parent=self.parent.to(device), depth=self.depth.to(device), rank=self.rank.to(device),
+                children=self.children.to(device), ancestors=self.ancestors.to(device))
+            moved.__dict__.update({v: self.__dict__[v] for v in HOST_VIEWS})  # host views: the same on any device
+            copies[device] = moved
+        return copies[device]
 
     @functools.cached_property
     def parent_list(self) -> list[int]:
@@ -120,7 +135,10 @@ def _compile(name: str, ps: tuple[tuple[int, ...], ...]) -> Tree:
         while j >= 0:
             ancestors[i, j] = True
             j = int(parent[j])
-    tree = Tree(name, ps, parent, depth, rank, children, ancestors)
+    return _with_views(Tree(name, ps, parent, depth, rank, children, ancestors))
+
+
+def _with_views(tree: Tree) -> Tree:
     for view in HOST_VIEWS:  # computed now, on the host: never inside a compiled round (coolsd.compiled)
         getattr(tree, view)
     return tree

@@ -115,8 +115,8 @@ class KVCache:
         start = None if self.static or not self._same_length else self._max_committed + P
         rows = spans = None
         if batch_invariant.active():  # each sample over exactly what it would see alone
-            rows = (torch.full((B,), m) if valid is None else valid.cpu()).tolist()
-            spans = (self.length.cpu() + P + torch.tensor(rows)).tolist()
+            rows = [m] * B if valid is None else valid.cpu().tolist()
+            spans = (self.length.cpu() + P + torch.tensor(rows, device="cpu")).tolist()
         if self.static:
             return CacheStep(mask=mask, slots=slots, span=span, static=True,
                              batch_index=torch.arange(B, device=self.device).unsqueeze(1))

@@ -204,6 +204,10 @@ class LuminaTarget:
         return self.cfg_scale != 1.0
 
     @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
     def structural_prefix(self) -> list[int]:
         """``<racm3:break>, grid_base + h_grids, grid_base + w_grids`` (teacher-forced)."""
         t = self.tokens
