@@ -1,0 +1,67 @@
+"""Exact emitted-token distributions at a chain node (coolsd.decoding.distortion, issue 15)
+against brute force: enumerate every draft x ~ q, run the production rule's ``step`` on it
+(accept with f(x), else Norm(residual) with the loop's fallback to p) and sum."""
+import pytest
+import torch
+
+from coolsd.decoding.distortion import emitted_distribution, kl, tv
+from coolsd.decoding.lantern import neighbours_from_codebook
+from coolsd.decoding.rules import ExactRule, LanternRule, ScaledRule
+from coolsd.decoding.sampling import normalize
+
+V, B = 12, 5
+
+
+def _dists(seed: int):
+    g = torch.Generator().manual_seed(seed)
+    p = torch.rand(B, V, generator=g, dtype=torch.float64) ** 3
+    p[:, : V // 4] = 0  # a warped support (top-k zeroes part of the vocabulary)
+    q = torch.rand(B, V, generator=g, dtype=torch.float64) ** 2
+    q[0, :] = 0  # a drafter that puts all its mass off p's support in one row
+    q[0, 0] = 1
+    return p / p.sum(-1, keepdim=True), q / q.sum(-1, keepdim=True)
+
+
+def _brute_force(rule, p, q, depth):
+    pi = torch.zeros_like(p)
+    for x in range(V):
+        xs = torch.full((B,), x, dtype=torch.long)
+        f, residual = rule.step(p, q, xs, depth)
+        qx = q[:, x]
+        pi[:, x] += qx * f
+        pi += (qx * (1 - f)).unsqueeze(-1) * normalize(residual, p)
+    return pi
+
+
+NB = neighbours_from_codebook(torch.randn(V, 3, generator=torch.Generator().manual_seed(7), dtype=torch.float64))
+RULES = {
+    "exact": ExactRule(),
+    "scaled_up": ScaledRule(torch.tensor([3.0, 2.0, 1.5])),
+    "scaled_down": ScaledRule(torch.tensor([0.6, 0.8])),
+    "lantern_pp": LanternRule(NB, 3, lam=2.0),
+    "lantern_pp_gstar": LanternRule(NB, 3, lam=2.0, resample="gstar"),
+    "lantern_delta": LanternRule(NB, 4, delta=0.2),
+}
+
+
+@pytest.mark.parametrize("name", list(RULES))
+@pytest.mark.parametrize("depth", [1, 2])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_emitted_distribution_equals_brute_force(name, depth, seed):
+    p, q = _dists(seed)
+    pi = emitted_distribution(RULES[name], p, q, depth)
+    torch.testing.assert_close(pi, _brute_force(RULES[name], p, q, depth), rtol=0, atol=1e-12)
+    torch.testing.assert_close(pi.sum(-1), torch.ones(B, dtype=torch.float64), rtol=0, atol=1e-12)
+
+
+def test_lossless_rule_emits_p_and_relaxed_rules_distort():
+    p, q = _dists(3)
+    exact = emitted_distribution(ExactRule(), p, q, 1)
+    torch.testing.assert_close(exact, p, rtol=0, atol=1e-12)
+    assert float(tv(exact, p).max()) < 1e-12 and float(kl(exact, p).abs().max()) < 1e-12
+    relaxed = emitted_distribution(RULES["scaled_up"], p, q, 1)
+    # row 0 drafts only off p's support: nothing is ever accepted, the residual is p itself
+    assert float(tv(relaxed, p)[0]) < 1e-12
+    assert bool((tv(relaxed, p)[1:] > 1e-3).all()) and bool((kl(relaxed, p)[1:] > 0).all())
+    # omega >= 1 keeps pi on p's support (KL finite); LANTERN's aggregation can leave it
+    assert bool(torch.isfinite(kl(relaxed, p)).all())
