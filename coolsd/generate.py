@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from coolsd.decoding.distortion import chain_distortion
 from coolsd.decoding.rules import Rule
 from coolsd.decoding.sampling import sample_inverse_cdf
 from coolsd.decoding.trees import EMPTY_TREE, Tree
@@ -31,6 +32,11 @@ class GenerationResult:
     seconds: float  # wall time of the loop (prefill included, decoding to pixels excluded)
     first_from_prefill: bool = True
     extra: dict = field(default_factory=dict)
+    # (B, N) per emitted token: TV and KL of the distribution it was emitted from to the target's
+    # (coolsd.decoding.distortion, docs/distortion.md); 0 for tokens drawn from p (AR, bonus, lossless
+    # rules), NaN for trees with siblings (no closed form)
+    step_tv: Optional[torch.Tensor] = None
+    step_kl: Optional[torch.Tensor] = None
 
     def accepted_length(self, b: int) -> float:
         """tau: mean tokens per verification round (METHODS.md 0)."""
@@ -68,6 +74,7 @@ def speculative_generate(
     batch_size: int = 1,
     bos_token: Optional[int] = None,
     sync: Callable[[], None] = lambda: None,
+    distortion: bool = True,
 ) -> GenerationResult:
     """Generate ``n_tokens`` per sample.
 
@@ -75,6 +82,9 @@ def speculative_generate(
     round (EAGLE/LANTERN convention); otherwise the first round is rooted at ``bos_token``
     (the theory lab: generation from the empty prefix, every token from a round).
     ``rng`` gives uniforms per sample (``coolsd.decoding.rng``, drawn on the CPU).
+
+    ``distortion``: record each emitted token's exact distortion (``step_tv`` / ``step_kl``,
+    docs/distortion.md); False skips that work and leaves them NaN.
 
     The loop's state lives on the target's device (``target.device``; the CPU if it has none):
     on another device the loop runs under ``torch.device(...)`` (factory calls allocate there),
@@ -84,8 +94,8 @@ def speculative_generate(
     if dev.type != "cpu":
         with torch.device(dev):
             return _generate(target, n_tokens, _UniformsOn(rng, dev), rule, drafter, tree.on(dev), sampling, cond,
-                             batch_size, bos_token, sync)
-    return _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_size, bos_token, sync)
+                             batch_size, bos_token, sync, distortion)
+    return _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_size, bos_token, sync, distortion)
 
 
 class _UniformsOn:
@@ -98,7 +108,7 @@ class _UniformsOn:
         return self.rng.uniform(*shape).to(self.device)
 
 
-def _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_size, bos_token, sync):
+def _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_size, bos_token, sync, distortion):
     if n_tokens < 1:
         raise ValueError(f"n_tokens must be >= 1, got {n_tokens}")
     if drafter is None:
@@ -129,6 +139,8 @@ def _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_
     root = root.clone()  # advanced in place by the round
     buf = torch.zeros(B, n_tokens + tree.max_depth + 2, dtype=torch.long)
     buf[:, : out.shape[1]] = out
+    # per-token (TV, KL); the first token comes from p (0); NaN throughout if not asked for
+    dist = torch.full((B, 2, buf.shape[1]), 0.0 if distortion else float("nan"), dtype=torch.float64)
     round_log: list[torch.Tensor] = []
     t_len = torch.zeros(B, dtype=torch.long)  # committed target entries after the condition
     n1 = tree.n_nodes + 1
@@ -149,7 +161,7 @@ def _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_
             tokens, q = root.unsqueeze(1).clone(), None  # root itself advances in place
         hidden, p, path, n_accepted, emitted, logged, status = round_fn(
             target, tokens, t_len, tree, q, rule or _NO_RULE, u_accept, u_emit, max_depth, remaining, active, sampling,
-            buf, n_out, root, forwards)
+            buf, n_out, root, forwards, dist if distortion else None)
         round_log.append(logged)
         if drafter is not None:
             drafter.observe(RoundInfo(tokens, path, n_accepted, emitted, p, hidden))
@@ -161,6 +173,7 @@ def _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_
     sync()
     seconds = time.perf_counter() - t0
     out = buf[:, :n_tokens]
+    dist = dist[:, :, :n_tokens]
     log = torch.stack(round_log, 1).tolist() if round_log else [[] for _ in range(B)]
     rounds = [[n for n in row if n >= 0] for row in log]
     return GenerationResult(
@@ -170,16 +183,18 @@ def _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_
         draft_forwards=getattr(drafter, "forwards", 0),
         seconds=seconds,
         first_from_prefill=bos_token is None,
+        step_tv=dist[:, 0],
+        step_kl=dist[:, 1],
     )
 
 
 def verify_round(target, tokens, t_len, tree: Tree, q, rule: Rule, u_accept, u_emit, max_depth, remaining, active,
-                 sampling: SamplingConfig, buf, n_out, root, forwards):
+                 sampling: SamplingConfig, buf, n_out, root, forwards, dist):
     """The target's side of a round (one compiled call under ``compile=true``): ONE forward over
     the root and the drafted tree, the method's verification walk, the commit of the root and
     the accepted path, and the loop's bookkeeping, in place: accepted drafts then the emitted
-    token appended to ``buf`` at each sample's ``n_out``, ``n_out``, ``t_len``, ``root`` and
-    ``forwards`` advanced. Nothing here reads the host. Returns (hidden, p, path, n_accepted,
+    token appended to ``buf`` at each sample's ``n_out`` (and their distortion to ``dist``),
+    ``n_out``, ``t_len``, ``root`` and ``forwards`` advanced. Nothing here reads the host. Returns (hidden, p, path, n_accepted,
     emitted, logged, status): ``logged`` (B,) the tokens each sample emitted this round (-1 if
     it was done, -2 if its logits were not finite; then nothing else is valid), ``status`` (2,)
     = [any sample failed, any sample still needs tokens]."""
@@ -206,6 +221,21 @@ def verify_round(target, tokens, t_len, tree: Tree, q, rule: Rule, u_accept, u_e
     write = cols < n_new.unsqueeze(1)
     where = torch.where(write, n_out.unsqueeze(1) + cols, n_tokens + D)  # dump column
     buf.scatter_(1, where, torch.where(write, vals, 0))
+    # the distortion of each emitted token (docs/distortion.md): the token at round depth j was verified at
+    # depth j if j <= max_depth; past it (bonus token, the image's end) it was drawn from p
+    if dist is None:  # not asked for (speculative_generate(distortion=False)): left NaN
+        pass
+    elif tree.n_nodes == 0:
+        per_depth = torch.zeros(B, 2, D + 1, dtype=dist.dtype)
+    elif tree.max_children == 1:
+        tv_d, kl_d = chain_distortion(rule, p, q, D)
+        verified = torch.arange(1, D + 1).unsqueeze(0) <= max_depth.unsqueeze(1)
+        per_depth = torch.stack([torch.where(verified, tv_d, 0), torch.where(verified, kl_d, 0)], 1).to(dist.dtype)
+        per_depth = torch.cat([per_depth, torch.zeros(B, 2, 1, dtype=dist.dtype)], 2)
+    else:  # siblings drawn without replacement: no closed form (docs/distortion.md)
+        per_depth = torch.full((B, 2, D + 1), float("nan"), dtype=dist.dtype)
+    if dist is not None:
+        dist.scatter_(2, where.unsqueeze(1).expand(B, 2, D + 1), torch.where(write.unsqueeze(1), per_depth, 0))
     logged = torch.where(bad, -2, torch.where(active, n_new, -1))
     n_out += torch.where(bad, 0, n_new)
     root.copy_(torch.where(v.emitted >= 0, v.emitted, root))

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from coolsd.decoding import lantern as _lantern
-from coolsd.decoding.rules import LanternRule, Rule, acceptance_prob, gstar_residual
+from coolsd.decoding.rules import ExactRule, LanternRule, Rule, ScaledRule, acceptance_prob, gstar_residual
 from coolsd.decoding.sampling import _TINY, normalize
 
 
@@ -36,6 +36,8 @@ def emitted_distribution(rule: Rule, p: torch.Tensor, q: torch.Tensor, depth: in
     marginalised over the draft x ~ q; p, q (B, V) the target's and the drafter's distributions."""
     if isinstance(rule, LanternRule) and rule.resample != "gstar":
         return _lantern_emitted(rule, p, q)
+    if isinstance(rule, ExactRule) or (isinstance(rule, ScaledRule) and rule.weight(depth) == 1.0):
+        return p  # a = p: lossless, pi = p exactly (formula (2) would leave rounding residue)
     a = rule.numerator(p, depth)
     accepted = torch.minimum(q, a)  # q(y) f(y) = min(q(y), a(y)) wherever q(y) > 0
     beta = (1 - accepted.sum(-1, keepdim=True)).clamp(min=0)
@@ -68,3 +70,17 @@ def kl(pi: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """KL(pi || p) along the last dim; inf where pi has mass outside p's support."""
     terms = torch.where(pi > 0, pi * (torch.log(pi) - torch.log(p)), torch.zeros_like(pi))
     return terms.sum(-1)
+
+
+def chain_distortion(rule: Rule, p: torch.Tensor, q: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-depth (TV, KL) of the emitted token along a chain, each (B, depth): p (B, n+1, V) the
+    target at every node (node d-1 verifies depth d), q (B, n+1, V) the draft distribution of
+    every node's token (node d at depth d)."""
+    out = []
+    for d in range(1, depth + 1):
+        pi = emitted_distribution(rule, p[:, d - 1], q[:, d].to(p.dtype), d)
+        out.append((tv(pi, p[:, d - 1]), kl(pi, p[:, d - 1])))
+    if not out:
+        z = p.new_zeros(p.shape[0], 0)
+        return z, z
+    return torch.stack([t for t, _ in out], 1), torch.stack([k for _, k in out], 1)

@@ -67,9 +67,12 @@ class ScaledRule(Rule):
         self.omega = omega.double()
         self.weights = [float(w) for w in self.omega]  # host floats: no tensor read per step (traceable)
 
-    def numerator(self, p_res, depth):
+    def weight(self, depth: int) -> float:
         # depths past the schedule (never reached by a tree of depth L) reuse the last weight
-        return self.weights[min(depth, len(self.weights)) - 1] * p_res
+        return self.weights[min(depth, len(self.weights)) - 1]
+
+    def numerator(self, p_res, depth):
+        return self.weight(depth) * p_res
 
     def describe(self):
         return {"rule": self.name, "omega": [round(float(w), 6) for w in self.omega]}

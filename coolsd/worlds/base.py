@@ -21,6 +21,7 @@ token-to-pixel decoder, the files it needs and its quality metrics; the generati
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, NamedTuple, Optional
@@ -153,6 +154,14 @@ def image_seconds(fn, device) -> tuple[Any, float]:
     return out, time.perf_counter() - t0
 
 
+def image_distortion(res, b: int) -> dict:
+    """``step_tv`` / ``step_kl``: sample b's sums over its tokens of TV(pi_t, p_t) and KL(pi_t || p_t),
+    the exact distortion of the distribution each token was emitted from (docs/distortion.md); None
+    for trees with siblings (no closed form)."""
+    tv, kl = float(res.step_tv[b].sum()), float(res.step_kl[b].sum())
+    return {"step_tv": None if math.isnan(tv) else tv, "step_kl": None if math.isnan(kl) else kl}
+
+
 class DiscreteWorld(World):
     """A token target: ``target`` (an ``ImageTarget``: ``vocab_size``, ``n_image_tokens``),
     ``encode(captions)`` -> its condition, ``decode_uint8(tokens)`` -> (B, H, W, 3) uint8,
@@ -160,6 +169,7 @@ class DiscreteWorld(World):
     neighbourhoods or None) and ``sampling``; every method runs through ``coolsd.generate``."""
 
     family = "discrete"
+    record_metrics = World.record_metrics + ("step_tv", "step_kl")
     target: Any
     sampling: SamplingConfig
     neighbours: Optional[torch.Tensor] = None
@@ -198,7 +208,8 @@ class DiscreteWorld(World):
             imgs, decode_s = image_seconds(lambda: per_sample(self.decode_uint8, res.tokens), self.device)
         return [Sample({"round_lengths": res.round_lengths[b], "accepted_length": res.accepted_length(b),
                         "target_forwards": res.target_forwards[b], "draft_forwards": res.draft_forwards,
-                        "latency_s": res.seconds, "decode_s": decode_s}, imgs[b]) for b in range(len(seeds))]
+                        "latency_s": res.seconds, "decode_s": decode_s, **image_distortion(res, b)}, imgs[b])
+                for b in range(len(seeds))]
 
 
 class ContinuousWorld(World):

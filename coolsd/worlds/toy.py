@@ -53,7 +53,7 @@ def toy_reference(prompts: list) -> Optional[np.ndarray]:
 
 
 class ToyWorld(DiscreteWorld):
-    columns = SPEED_COLUMNS + TOY_COLUMNS
+    columns = SPEED_COLUMNS + (Column("step_tv", "step TV (sum/image)", 2),) + TOY_COLUMNS
     paper_metrics = TOY_PAPER_METRICS
     quality_reads_images = True
 
