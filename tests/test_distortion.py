@@ -107,3 +107,20 @@ def test_loop_distortion_equals_independent_computation_in_the_lab(lab_pair, met
                 assert abs(float(res.step_tv[b, t]) - want) < 1e-9, (b, t, j)
                 t += 1
         assert t == P.N
+
+
+@pytest.mark.parametrize("name", list(RULES))
+def test_chain_distortion_batches_the_depths_exactly(name):
+    """``chain_distortion`` (all depths in one pass) equals ``emitted_distribution`` depth by depth."""
+    from coolsd.decoding.distortion import chain_distortion
+
+    D = 3
+    g = torch.Generator().manual_seed(11)
+    p = torch.rand(B, D + 1, V, generator=g, dtype=torch.float64) ** 3
+    q = torch.rand(B, D + 1, V, generator=g, dtype=torch.float64) ** 2
+    p, q = p / p.sum(-1, keepdim=True), q / q.sum(-1, keepdim=True)
+    tv_d, kl_d = chain_distortion(RULES[name], p, q, D)
+    for d in range(1, D + 1):
+        pi = emitted_distribution(RULES[name], p[:, d - 1], q[:, d], d)
+        torch.testing.assert_close(tv_d[:, d - 1], tv(pi, p[:, d - 1]), rtol=0, atol=1e-12)
+        torch.testing.assert_close(kl_d[:, d - 1], kl(pi, p[:, d - 1]), rtol=0, atol=1e-12)

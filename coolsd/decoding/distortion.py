@@ -75,12 +75,22 @@ def kl(pi: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
 def chain_distortion(rule: Rule, p: torch.Tensor, q: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-depth (TV, KL) of the emitted token along a chain, each (B, depth): p (B, n+1, V) the
     target at every node (node d-1 verifies depth d), q (B, n+1, V) the draft distribution of
-    every node's token (node d at depth d)."""
-    out = []
-    for d in range(1, depth + 1):
-        pi = emitted_distribution(rule, p[:, d - 1], q[:, d].to(p.dtype), d)
-        out.append((tv(pi, p[:, d - 1]), kl(pi, p[:, d - 1])))
-    if not out:
-        z = p.new_zeros(p.shape[0], 0)
+    every node's token (node d at depth d). All depths in one batched pass."""
+    B, V = p.shape[0], p.shape[-1]
+    if depth == 0:
+        z = p.new_zeros(B, 0)
         return z, z
-    return torch.stack([t for t, _ in out], 1), torch.stack([k for _, k in out], 1)
+    P, Q = p[:, :depth], q[:, 1 : depth + 1].to(p.dtype)  # (B, D, V)
+    if isinstance(rule, ExactRule):
+        pi = P
+    elif isinstance(rule, ScaledRule):
+        w = torch.tensor([rule.weight(d) for d in range(1, depth + 1)], dtype=P.dtype, device=P.device)
+        accepted = torch.minimum(Q, w[:, None] * P)
+        beta = (1 - accepted.sum(-1, keepdim=True)).clamp(min=0)
+        pi = accepted + beta * normalize(torch.clamp(P - accepted, min=0.0), P)
+        pi = torch.where((w == 1.0)[:, None], P, pi)  # a = p at that depth: lossless, exactly p
+    elif isinstance(rule, LanternRule):  # depth-independent: every depth as one batch
+        pi = emitted_distribution(rule, P.reshape(B * depth, V), Q.reshape(B * depth, V), 1).view(B, depth, V)
+    else:
+        pi = torch.stack([emitted_distribution(rule, P[:, d - 1], Q[:, d - 1], d) for d in range(1, depth + 1)], 1)
+    return tv(pi, P), kl(pi, P)
