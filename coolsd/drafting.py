@@ -97,13 +97,12 @@ class ModelDrafter:
     def propose(self, tree: Tree, rng, max_depth: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The round's tree: (tokens (B, n+1), q (B, n+1, V)); nodes deeper than ``max_depth``
         (B,) are not verified, so eager drafting stops at its maximum (one host read)."""
-        expanded = sum(1 for k in tree.n_children_list if k > 0)
         # a fixed number of uniforms per sample and round, whatever the batch needs
-        u = rng.uniform(max(expanded, 1), self.model.vocab_size)
+        u = rng.uniform(max(len(tree.expanded_nodes), 1), self.model.vocab_size)
         depth = tree.max_depth if self.compiled else min(tree.max_depth, int(max_depth.max()))
         tokens, q, self.length = self._expand_fn(tree, u, depth, self.ctx_tokens, self.ctx_feats, self.ctx_count,
                                                  self.length)
-        self.forwards += 1 + sum(1 for d in range(1, depth) if any(tree.n_children_list[c] > 0 for c in tree.levels[d]))
+        self.forwards += 1 + len(tree.forwarded_levels(depth))
         return tokens, q
 
     def _expand(self, tree: Tree, u: torch.Tensor, depth_to_draft: int, ctx_tokens, ctx_feats, ctx_count, length):
@@ -113,8 +112,8 @@ class ModelDrafter:
         B, C = ctx_tokens.shape
         ar = torch.arange(B)
         n_children = tree.n_children_list
-        expand_nodes = [i for i in range(tree.n_nodes + 1) if n_children[i] > 0]
-        expand_col = {node: j for j, node in enumerate(expand_nodes)}
+        expand_col = {node: j for j, node in enumerate(tree.expanded_nodes)}
+        forwarded_levels = set(tree.forwarded_levels(depth_to_draft))
         V = self.model.vocab_size
 
         pos = length.unsqueeze(1) + torch.arange(C)
@@ -144,7 +143,7 @@ class ModelDrafter:
                     q[:, c] = cond[:, r].to(q.dtype)
             # run the drafter on level d+1 only if some of its nodes will be expanded
             nxt = tree.levels[d + 1]
-            if d + 1 >= depth_to_draft or not any(n_children[c] > 0 for c in nxt):
+            if d + 1 not in forwarded_levels:
                 continue
             allowed = forwarded + nxt
             attend = tree.ancestors[nxt][:, allowed]

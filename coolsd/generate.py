@@ -18,7 +18,7 @@ from coolsd.decoding.rules import Rule
 from coolsd.decoding.sampling import sample_inverse_cdf
 from coolsd.decoding.trees import EMPTY_TREE, Tree
 from coolsd.compiled import compiled_for
-from coolsd.decoding.verify import Verdict, verify_tree
+from coolsd.decoding.verify import verify_tree
 from coolsd.drafting import RoundInfo, SamplingConfig
 from coolsd.protocols import ARModel
 
@@ -53,9 +53,14 @@ class NonFiniteLogits(FloatingPointError):
         self.sample, self.position = sample, position
 
 
+def _nonfinite(logits: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+    """(B,) active samples whose logits (B, m, V) are not all finite (no host read)."""
+    return ~torch.isfinite(logits).all(-1).all(-1) & active.to(logits.device)
+
+
 def _check_finite(logits: torch.Tensor, n_out: torch.Tensor, active: torch.Tensor) -> None:
     """logits (B, m, V): every active sample's rows must be finite (one reduction, one sync)."""
-    bad = ~torch.isfinite(logits).all(-1).all(-1) & active.to(logits.device)
+    bad = _nonfinite(logits, active)
     if bool(bad.any()):
         b = int(bad.nonzero()[0, 0])
         raise NonFiniteLogits(b, int(n_out[b]))
@@ -202,7 +207,7 @@ def verify_round(target, tokens, t_len, tree: Tree, q, rule: Rule, u_accept, u_e
     n_tokens = buf.shape[1] - tree.max_depth - 2  # buf's last columns are a dump for writes past the end
     positions = t_len.unsqueeze(1) + tree.depth.unsqueeze(0)
     step = target.forward(tokens, positions, tree.ancestors, None)
-    bad = ~torch.isfinite(step.logits).all(-1).all(-1) & active
+    bad = _nonfinite(step.logits, active)
     p = sampling.probs(step.logits)
     if q is None:
         q = torch.zeros_like(p)

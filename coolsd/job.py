@@ -80,10 +80,9 @@ def generate_records(world, method, prompts: list, idxs: list[int], seeds: list[
     n0 = compile_count()
     samples = world.generate(method, prompts, seeds)
     B, hw = len(seeds), hardware_name(world.device)
-    compiled = getattr(world, "compiled", False)
     return [({**record_head(p, idx, seed, tag, method), **s.fields, "hardware": hw,
               **({"batch_size": B} if B > 1 else {}),
-              **({"compilations": compile_count() - n0 if k == 0 else 0} if compiled else {})}, s.image)
+              **({"compilations": compile_count() - n0 if k == 0 else 0} if world.compiled else {})}, s.image)
             for k, (s, p, idx, seed) in enumerate(zip(samples, prompts, idxs, seeds))]
 
 
@@ -134,7 +133,7 @@ def warm_up(world, methods: dict, prompts: list, batch_size: int) -> dict:
     {"warmup_s", "graphs_compiled"}."""
     t0, n0 = time.perf_counter(), compile_count()
     sizes = {min(batch_size, len(prompts))}
-    if getattr(world, "compiled", False) and len(prompts) % batch_size:
+    if world.compiled and len(prompts) % batch_size:
         sizes.add(len(prompts) % batch_size)
     for k in sorted(sizes):
         for m in methods.values():
@@ -247,7 +246,7 @@ def run_job(cfg, out_dir: Path, world=None) -> dict:
                                                stats=stats)
     if stats:
         print(f"warm-up (excluded from latency): {stats['warmup_s']:.1f} s"
-              + (f", {stats['graphs_compiled']} graphs compiled" if getattr(world, "compiled", False) else ""))
+              + (f", {stats['graphs_compiled']} graphs compiled" if world.compiled else ""))
     if shard.count > 1:
         logger.finish()
         print(f"shard {shard.index} of {shard.count} done ({len(prompts)} prompts); when every shard is done: "

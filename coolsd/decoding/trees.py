@@ -78,6 +78,16 @@ class Tree:
         return [[c for c in row if c >= 0] for row in self.children.tolist()]
 
     @functools.cached_property
+    def expanded_nodes(self) -> list[int]:
+        """Nodes with children (drawn at during drafting), in node order."""
+        return [i for i, k in enumerate(self.n_children_list) if k > 0]
+
+    def forwarded_levels(self, depth: int) -> list[int]:
+        """Levels d in 1..depth-1 a drafter must run a forward on when it drafts ``depth`` levels:
+        those holding a node with children."""
+        return [d for d in range(1, depth) if any(self.n_children_list[c] > 0 for c in self.levels[d])]
+
+    @functools.cached_property
     def levels(self) -> list[list[int]]:
         """levels[d]: node indices at depth d, in node order (d = 0 .. max_depth + 1)."""
         return [self.level(d).tolist() for d in range(self.max_depth + 2)]
@@ -144,7 +154,7 @@ def _with_views(tree: Tree) -> Tree:
     return tree
 
 
-HOST_VIEWS = ("max_depth", "n_children_list", "parent_list", "children_list", "levels")
+HOST_VIEWS = ("max_depth", "n_children_list", "parent_list", "children_list", "levels", "expanded_nodes")
 
 
 def make_tree(tree: str | Sequence[Sequence[int]], draft_length: int | None = None) -> Tree:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from coolsd.compiled import compiling
 from coolsd.decoding.rules import Rule
 from coolsd.decoding.sampling import normalize, sample_inverse_cdf
 from coolsd.decoding.trees import Tree
@@ -50,7 +51,7 @@ def verify_tree(
     n_acc = torch.zeros(B, dtype=torch.long)
     D = tree.max_depth
     path = torch.full((B, max(D, 1)), -1, dtype=torch.long)
-    eager = not torch.compiler.is_compiling()  # the early exits read the host: eager only (same results)
+    eager = not compiling()  # the early exits read the host: eager only (same results)
     for d in range(1, D + 1):
         if eager and not bool(searching.any()):
             break

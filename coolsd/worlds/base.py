@@ -78,6 +78,7 @@ class World(ABC):
     trains_drafters: ClassVar[bool] = False
     # compile=true: the world runs its target and drafter forwards under torch.compile (coolsd.compiled)
     compiles: ClassVar[bool] = False
+    compiled: bool = False  # this loaded world runs compiled (set by worlds that compile)
 
     name: str
     device: torch.device
@@ -189,7 +190,7 @@ class DiscreteWorld(World):
 
     def settings(self) -> dict:
         return {"sampling": dataclasses.asdict(self.sampling), "cfg_scale": float(self.cfg_scale),
-                **({"compiled": True} if getattr(self, "compiled", False) else {})}
+                **({"compiled": True} if self.compiled else {})}
 
     def build_method(self, name: str, params: dict, tree="chain", draft_length=None):
         return build_method(name, family=self.family, tree=tree, draft_length=draft_length, neighbours=self.neighbours,
