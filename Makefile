@@ -7,7 +7,7 @@ VPY     := $(VENV)/bin/python
 TORCH   ?= torch==2.13.0
 STAMP   := $(VENV)/.installed
 
-.PHONY: install run test theory toy-assets toy-continuous-assets demo continuous-bench speed paper-table2 clean
+.PHONY: install run test theory toy-assets toy-continuous-assets demo continuous-bench speed claims paper-table2 clean
 
 $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -46,6 +46,10 @@ demo: $(STAMP)
 # Eager vs compiled decoding on the toy world: a round's cost against its forwards, speed-ups vs same-mode AR
 speed: $(STAMP)
 	$(VPY) benchmarks/speed.py
+
+# The paper's claims at equal accepted length on the toy world (500 prompts, batched) -> results/claims/
+claims: $(STAMP)
+	$(VPY) benchmarks/claims.py
 
 # The COOL-SD Table 2 layout for TARGETS (comma-separated; toy runs anywhere)
 TARGETS ?= toy

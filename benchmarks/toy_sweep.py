@@ -1,11 +1,13 @@
 """The toy sweep behind `make demo`: every method on the same toy prompts at batch 1 on CPU,
 methods interleaved per prompt, against AR from the same run. Writes results/toy/
-{table.md, table.csv, summary.json, pareto.png, pareto.pdf, grid.png}; per-sample records and
-images go to outputs/toy_sweep/<time>/ (resumable with --records).
+{table.md, table.csv, summary.json, pareto.png, pareto.pdf, grid.png, distortion.png, distortion_maps/};
+per-sample records and images go to outputs/toy_sweep/<time>/ (resumable with --records).
 
 Issue #3 goals read off this table: eagle accepted length >= 2.0; coolsd (delta=2) accepted
 length >= 1.2x eagle's; eagle speed-up > 1.0; speed-up / accepted length per method; toy_fid of
-eagle within noise of AR; the quality cost of relaxed methods with its CI.
+eagle within noise of AR; the quality cost of relaxed methods with its CI. Issue #15's: step TV
+exactly 0 for eagle and sjd on every image, positive and increasing in delta for uniform_rsd and
+coolsd; eagle's NLL shift within noise of 0 (checked and printed at the end).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import json
 import time
 from pathlib import Path
 
+from coolsd.metrics.token_maps import distortion_figure
 from coolsd.records import save_png_atomic, write_json_atomic
 from coolsd.report.plots import pareto_plot
 from coolsd.report.sweep import ROOT, ci_text, sweep_frame, toy_sweep
@@ -25,12 +28,36 @@ SWEEP = [
     ("ar", "ar", {}),
     ("eagle", "eagle", {}),
     ("lantern_pp", "lantern_pp", {"lam": 2.0, "k": 10}),
+    ("uniform_rsd_1.5", "uniform_rsd", {"delta": 1.5}),
     ("uniform_rsd_2", "uniform_rsd", {"delta": 2.0}),
+    ("uniform_rsd_3", "uniform_rsd", {"delta": 3.0}),
     ("coolsd_1.1", "coolsd", {"delta": 1.1}),
     ("coolsd_2", "coolsd", {"delta": 2.0}),
     ("coolsd_3", "coolsd", {"delta": 3.0}),
     ("sjd", "sjd", {"window": 8}),
 ]
+
+
+def distortion_checks(outputs: dict, table: dict) -> list[str]:
+    """Issue #15's goals on this sweep, each line ok / FAILED with its numbers."""
+    def line(ok, text):
+        return f"- {'ok' if ok else 'FAILED'}: {text}"
+
+    out = []
+    for tag in ("eagle", "sjd"):
+        worst = max(abs(r["step_tv"]) for r in outputs[tag][0])
+        out.append(line(worst == 0.0, f"{tag}: step_tv is exactly 0 on every image (max |step_tv| = {worst:g})"))
+    for family in ("uniform_rsd", "coolsd"):
+        pts = sorted((e["params"]["delta"], e["step_tv"]["mean"], tag) for tag, e in table.items()
+                     if e["params"]["method"] == family)
+        means = [m for _, m, _ in pts]
+        ok = all(m > 0 for m in means) and all(a < b for a, b in zip(means, means[1:]))
+        out.append(line(ok, f"{family}: step_tv positive and increasing in delta: "
+                            + ", ".join(f"delta {d:g}: {m:.2f}" for d, m, _ in pts)))
+    ci = table["eagle"]["target_nll_minus_ar"]["ci95"]
+    out.append(line(ci[0] <= 0 <= ci[1], f"eagle: NLL shift vs AR {table['eagle']['target_nll_minus_ar']['mean']:+.4f} "
+                                         f"[{ci[0]:+.4f}, {ci[1]:+.4f}] contains 0"))
+    return out
 
 
 def main(argv=None):
@@ -57,20 +84,32 @@ def main(argv=None):
              f"temperature {s['temperature']}, top-k {s['top_k'] or 'off'}. Mean [95% CI] over prompts; "
              "speed-up = AR latency / method latency, AR from the same run, paired by prompt; toy_fid with a "
              "bootstrap interval, and its difference to AR by a paired bootstrap over prompts (an interval "
-             "containing 0 = within noise).", "",
-             "| method | accepted length | latency (s) | speed-up | speed-up / acc. length | toy_clip | toy_clip - AR "
-             "| toy_fid | toy_fid - AR |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "containing 0 = within noise). step TV: the exact distortion of each token's emitted distribution, summed "
+             "over the image (docs/distortion.md; 0 for lossless methods); NLL - AR: the target's NLL of the emitted "
+             "tokens (nats / token) paired by prompt against AR; off-support: fraction of tokens outside the warped "
+             "support; toy precision / recall (k = 3) in the toy feature space. Per-method distortion maps: "
+             "distortion.png, distortion_maps/.", "",
+             "| method | accepted length | latency (s) | speed-up | speed-up / acc. length | step TV | NLL - AR "
+             "| off-support | toy_clip | toy_clip - AR | toy_fid | toy_fid - AR | toy precision | toy recall |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for _, r in df.iterrows():
         lines.append(f"| {r['tag']} | {ci_text(r, 'accepted_length', '{:.2f}')} | {ci_text(r, 'latency_s')} | "
-                     f"{ci_text(r, 'speedup', '{:.2f}')} | {r['speedup_per_accepted_length']:.2f} | {ci_text(r, 'toy_clip')} | "
+                     f"{ci_text(r, 'speedup', '{:.2f}')} | {r['speedup_per_accepted_length']:.2f} | "
+                     f"{ci_text(r, 'step_tv', '{:.2f}')} | {ci_text(r, 'target_nll_minus_ar', '{:+.4f}')} | "
+                     f"{ci_text(r, 'off_support', '{:.4f}')} | {ci_text(r, 'toy_clip')} | "
                      f"{ci_text(r, 'toy_clip_minus_ar', '{:+.3f}')} | {ci_text(r, 'toy_fid', '{:.1f}')} | "
-                     f"{ci_text(r, 'toy_fid_minus_ar', '{:+.1f}')} |")
-    (a.out / "table.md").write_text("\n".join(lines) + "\n")
+                     f"{ci_text(r, 'toy_fid_minus_ar', '{:+.1f}')} | {ci_text(r, 'toy_precision', '{:.2f}')} | "
+                     f"{ci_text(r, 'toy_recall', '{:.2f}')} |")
+    (a.out / "table.md").write_text("\n".join(lines + [""] + distortion_checks(outputs, table)) + "\n")
+    records_by_tag = {tag: recs for tag, (recs, _) in outputs.items()}
+    distortion_figure(records_by_tag, a.out / "distortion.png", f"Toy world: exact per-token distortion, {a.prompts} prompts")
+    for tag, recs in records_by_tag.items():  # one map per method with drafted tokens
+        distortion_figure({tag: recs}, a.out / "distortion_maps" / f"{tag}.png", f"{tag}, {a.prompts} prompts")
     pareto_plot(df, a.out / "pareto.png", ["toy_fid", "toy_clip"], "Toy world: quality against acceleration (95% CIs)")
     grid_rows = [outputs[t][1][:10] for t in outputs] + [render_batch(res["scenes"][:10])]
     save_png_atomic(make_grid(grid_rows, labels=list(outputs) + ["reference"]), a.out / "grid.png")
     print("\n".join(lines))
+    print("\n".join(distortion_checks(outputs, table)))
     print(json.dumps({"wrote": str(a.out), "records": str(records), "generation_seconds": round(env["generation_seconds"])}))
 
 

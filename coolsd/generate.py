@@ -19,7 +19,7 @@ from coolsd.decoding.sampling import sample_inverse_cdf
 from coolsd.decoding.trees import EMPTY_TREE, Tree
 from coolsd.compiled import compiled_for
 from coolsd.decoding.verify import verify_tree
-from coolsd.drafting import RoundInfo, SamplingConfig
+from coolsd.drafting import RoundInfo, SamplingConfig, _gather_nodes
 from coolsd.protocols import ARModel
 
 
@@ -37,6 +37,13 @@ class GenerationResult:
     # rules), NaN for trees with siblings (no closed form)
     step_tv: Optional[torch.Tensor] = None
     step_kl: Optional[torch.Tensor] = None
+    # (B, N) per emitted token: -log p(x_t) under the target's guided distribution at the sampling
+    # temperature, before top-k / top-p (``token_nll``); whether x_t lies outside the warped support
+    # (``token_off_support``, 0/1: a relaxed rule can accept such a token); the round depth it was
+    # verified at (``token_depth``: 1..L, 0 for a token drawn from p: the first, a bonus, AR)
+    token_nll: Optional[torch.Tensor] = None
+    token_off_support: Optional[torch.Tensor] = None
+    token_depth: Optional[torch.Tensor] = None
 
     def accepted_length(self, b: int) -> float:
         """tau: mean tokens per verification round (METHODS.md 0)."""
@@ -88,8 +95,9 @@ def speculative_generate(
     (the theory lab: generation from the empty prefix, every token from a round).
     ``rng`` gives uniforms per sample (``coolsd.decoding.rng``, drawn on the CPU).
 
-    ``distortion``: record each emitted token's exact distortion (``step_tv`` / ``step_kl``,
-    docs/distortion.md); False skips that work and leaves them NaN.
+    ``distortion``: record each emitted token's quality signals (exact distortion ``step_tv`` /
+    ``step_kl``, docs/distortion.md; ``token_nll``, ``token_off_support``, ``token_depth``); False
+    skips that work and leaves them NaN (to measure what it costs).
 
     The loop's state lives on the target's device (``target.device``; the CPU if it has none):
     on another device the loop runs under ``torch.device(...)`` (factory calls allocate there),
@@ -135,6 +143,7 @@ def _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_
         root = sample_inverse_cdf(sampling.probs(prefill.logits[:, -1]), u0)
         out[:, 0] = root
         n_out += 1
+        first_nll = emitted_nll(prefill.logits[:, -1:], root.unsqueeze(1), sampling)[:, 0]
     else:
         root = torch.full((B,), int(bos_token), dtype=torch.long)
     n_out0 = 0 if bos_token is not None else 1
@@ -144,8 +153,11 @@ def _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_
     root = root.clone()  # advanced in place by the round
     buf = torch.zeros(B, n_tokens + tree.max_depth + 2, dtype=torch.long)
     buf[:, : out.shape[1]] = out
-    # per-token (TV, KL); the first token comes from p (0); NaN throughout if not asked for
-    dist = torch.full((B, 2, buf.shape[1]), 0.0 if distortion else float("nan"), dtype=torch.float64)
+    # per-token signals, channels TOKEN_SIGNALS; the first token comes from p (no distortion, on the
+    # support, depth 0); NaN throughout if not asked for
+    dist = torch.full((B, len(TOKEN_SIGNALS), buf.shape[1]), 0.0 if distortion else float("nan"), dtype=torch.float64)
+    if distortion and bos_token is None:
+        dist[:, NLL, 0] = first_nll.to(dist.dtype)
     round_log: list[torch.Tensor] = []
     t_len = torch.zeros(B, dtype=torch.long)  # committed target entries after the condition
     n1 = tree.n_nodes + 1
@@ -188,9 +200,26 @@ def _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_
         draft_forwards=getattr(drafter, "forwards", 0),
         seconds=seconds,
         first_from_prefill=bos_token is None,
-        step_tv=dist[:, 0],
-        step_kl=dist[:, 1],
+        step_tv=dist[:, TV],
+        step_kl=dist[:, KL],
+        token_nll=dist[:, NLL],
+        token_off_support=dist[:, OFF],
+        token_depth=dist[:, DEPTH],
     )
+
+
+TOKEN_SIGNALS = ("tv", "kl", "nll", "off_support", "depth")  # the channels of the loop's per-token record
+TV, KL, NLL, OFF, DEPTH = range(len(TOKEN_SIGNALS))
+
+
+def emitted_nll(logits: torch.Tensor, tokens: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """(B, m) -log p(token) from logits (B, m, V): the target's guided distribution at the
+    sampling temperature (1 for greedy), before top-k / top-p truncation (issue 15's target_nll);
+    in the logits' precision (at least float32)."""
+    t = sampling.temperature if sampling.temperature > 0 else 1.0
+    x = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+    x = x / t if t != 1.0 else x
+    return torch.logsumexp(x, -1) - x.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
 def verify_round(target, tokens, t_len, tree: Tree, q, rule: Rule, u_accept, u_emit, max_depth, remaining, active,
@@ -228,24 +257,41 @@ def verify_round(target, tokens, t_len, tree: Tree, q, rule: Rule, u_accept, u_e
     buf.scatter_(1, where, torch.where(write, vals, 0))
     # the distortion of each emitted token (docs/distortion.md): the token at round depth j was verified at
     # depth j if j <= max_depth; past it (bonus token, the image's end) it was drawn from p
-    if dist is None:  # not asked for (speculative_generate(distortion=False)): left NaN
-        pass
-    elif tree.n_nodes == 0:
-        per_depth = torch.zeros(B, 2, D + 1, dtype=dist.dtype)
-    elif tree.max_children == 1:
-        tv_d, kl_d = chain_distortion(rule, p, q, D)
-        verified = torch.arange(1, D + 1).unsqueeze(0) <= max_depth.unsqueeze(1)
-        per_depth = torch.stack([torch.where(verified, tv_d, 0), torch.where(verified, kl_d, 0)], 1).to(dist.dtype)
-        per_depth = torch.cat([per_depth, torch.zeros(B, 2, 1, dtype=dist.dtype)], 2)
-    else:  # siblings drawn without replacement: no closed form (docs/distortion.md)
-        per_depth = torch.full((B, 2, D + 1), float("nan"), dtype=dist.dtype)
-    if dist is not None:
-        dist.scatter_(2, where.unsqueeze(1).expand(B, 2, D + 1), torch.where(write.unsqueeze(1), per_depth, 0))
+    if dist is not None:  # None: not asked for (speculative_generate(distortion=False)), left NaN
+        signals = _round_signals(step.logits, p, q, v, vals, tree, rule, max_depth, sampling, dist.dtype)
+        C = signals.shape[1]
+        dist.scatter_(2, where.unsqueeze(1).expand(B, C, D + 1), torch.where(write.unsqueeze(1), signals, 0))
     logged = torch.where(bad, -2, torch.where(active, n_new, -1))
     n_out += torch.where(bad, 0, n_new)
     root.copy_(torch.where(v.emitted >= 0, v.emitted, root))
     status = torch.stack([bad.any(), (n_out < n_tokens).any()])
     return step.hidden, p, v.path, v.n_accepted, v.emitted, logged, status
+
+
+def _round_signals(logits, p, q, v, vals, tree: Tree, rule: Rule, max_depth, sampling: SamplingConfig, dtype):
+    """(B, len(TOKEN_SIGNALS), D + 1): the signals of the round's candidate tokens ``vals`` (the
+    accepted path, then the emitted token), position j = round depth j + 1. The token at depth j+1
+    was verified at that depth if j < max_depth, else drawn from p (a bonus, the image's end); its
+    parent node (whose p it was drawn or verified against) is the root for j = 0, else path[j-1]."""
+    B, D = v.path.shape
+    parent = torch.cat([torch.zeros(B, 1, dtype=torch.long), v.path.clamp(min=0)], 1)  # (B, D+1)
+    vals = vals.clamp(max=p.shape[-1] - 1)  # positions past the round's tokens (never written) may hold the BOS id
+    nll = emitted_nll(_gather_nodes(logits, parent), vals, sampling)
+    off = p.flatten(1).gather(1, parent * p.shape[-1] + vals) <= 0  # p(x) at the parent node
+    depth = torch.arange(1, D + 2).unsqueeze(0).expand(B, D + 1)
+    verified = depth <= max_depth.unsqueeze(1)
+    if tree.n_nodes == 0:
+        tv_d = kl_d = torch.zeros(B, D + 1, dtype=dtype)
+    elif tree.max_children == 1:  # chain: exact per depth (docs/distortion.md), at the depths the round emitted
+        need = (verified & (depth <= v.n_accepted.unsqueeze(1) + 1))[:, :D]
+        tv_d, kl_d = (torch.cat([x.to(dtype), torch.zeros(B, 1, dtype=dtype)], 1)
+                      for x in chain_distortion(rule, p, q, D, need))
+    else:  # siblings drawn without replacement: no closed form (docs/distortion.md)
+        tv_d = kl_d = torch.full((B, D + 1), float("nan"), dtype=dtype)
+    zero = torch.zeros((), dtype=dtype)
+    cols = [torch.where(verified, tv_d, zero), torch.where(verified, kl_d, zero), nll.to(dtype), off.to(dtype),
+            torch.where(verified, depth, 0).to(dtype)]
+    return torch.stack(cols, 1)
 
 
 class _NoRule(Rule):

@@ -29,7 +29,7 @@ from coolsd.records import RecordWriter, claim_run_dir, resume_records
 from coolsd.shards import Shard
 from coolsd.summary import GRID_COLUMNS, summarize, write_outputs
 from coolsd.timing import hardware_name
-from coolsd.worlds import WORLDS, world_class
+from coolsd.worlds import WORLDS, load_world, world_class
 
 TIMING_KEYS = ("latency_s", "decode_s", "hardware")  # differ between processes and machines (a sample's own numbers)
 
@@ -233,7 +233,7 @@ def run_job(cfg, out_dir: Path, world=None) -> dict:
     logger = make_logger(cfg.get("logger"), OmegaConf.to_container(cfg, resolve=True),  # a missing extra fails here
                          name=f"{cfg.target.name}/{name}/{out_dir.name}")
     torch.set_num_threads(threads)
-    world = world or world_cls.load(cfg)
+    world = world or load_world(cfg)
     methods = job_methods(world, cfg)
     dataset = world_cls.dataset(cfg)
     identity = run_identity(world, methods, seed=cfg.seed, dataset=dataset, threads=threads, batch_size=batch,

@@ -21,7 +21,7 @@ from pathlib import Path
 from coolsd.job import TIMING_KEYS, collect, kept_images
 from coolsd.records import identity_diff, read_records, write_json_atomic
 from coolsd.shards import SHARD_FILE
-from coolsd.summary import summarize, summary_lines
+from coolsd.summary import summarize, summary_lines, write_distortion_figure
 from coolsd.worlds import world_class
 
 
@@ -104,6 +104,7 @@ def merge(folder, sources=(), partial: bool = False) -> dict:
                                 {t: v for t, v in failed.items() if v})
     summary.update(merged_shards=count, prompts_complete=len(complete), prompts_missing=missing)
     write_json_atomic(summary, folder / "summary.json")
+    write_distortion_figure(summary, {t: [by_key[(t, p)][0] for p in ok] for t in methods}, folder)
     return summary
 
 

@@ -27,6 +27,8 @@ def results_table(world_cls, outputs: dict, prompts: list, files: dict) -> dict:
             vals = [r[key] for r in rows if r.get(key) is not None]
             if vals:
                 e[key] = mean_ci(vals)
+        if "ar" in outputs:
+            e.update(paired_differences(world_cls.paired_metrics, outputs["ar"][0], rows))
         if world_cls.makes_images:  # throughput at the run's batch size: images per second of generation
             e["images_per_s"] = mean_ci([r.get("batch_size", 1) / r["latency_s"] for r in rows])
         if "ar" in outputs and "latency_s" in rows[0]:
@@ -36,7 +38,36 @@ def results_table(world_cls, outputs: dict, prompts: list, files: dict) -> dict:
         table[tag] = e
     for tag, q in (world_cls.quality(outputs, prompts, files) if outputs else {}).items():
         table[tag].update(q)
+    for e in table.values():
+        if any(k.endswith(MINUS_AR) for k in e):
+            e["resolution"] = resolution(e)
     return table
+
+
+MINUS_AR = "_minus_ar"
+
+
+def paired_differences(keys, ar_rows: list, rows: list) -> dict:
+    """{``<key>_minus_ar``: mean_ci of (method - ar) over the prompts both have a value for}: the
+    same prompt and seed on both sides, so the prompt-to-prompt spread cancels."""
+    out = {}
+    for key in keys:
+        ar = {r["prompt_index"]: r[key] for r in ar_rows if r.get(key) is not None}
+        diffs = [r[key] - ar[r["prompt_index"]] for r in rows if r.get(key) is not None and r["prompt_index"] in ar]
+        if diffs:
+            out[key + MINUS_AR] = mean_ci(diffs)
+    return out
+
+
+def resolution(entry: dict) -> dict:
+    """{metric: half-width of its paired 95% CI against ar}: the smallest difference this run could
+    tell from zero (a reader sees whether n was large enough for the difference of interest)."""
+    out = {}
+    for k, v in entry.items():
+        if k.endswith(MINUS_AR) and isinstance(v, dict):
+            lo, hi = (v["ci95"] if "ci95" in v else (v["lo"], v["hi"]))
+            out[k[: -len(MINUS_AR)]] = (hi - lo) / 2
+    return out
 
 
 def summarize(world_cls, identity: dict, outputs: dict, prompts: list, failures: dict) -> dict:
@@ -79,6 +110,10 @@ def summary_lines(world_cls, table: dict, outputs: Optional[dict] = None) -> lis
     lines = [f"{'method':<{w}} " + " ".join(f"{c.header:<24}" for c in cols).rstrip()]
     for tag, e in table.items():
         lines.append(f"{tag:<{w}} " + " ".join(f"{_cell(e.get(c.key), c.digits):<24}" for c in cols).rstrip())
+    res = {tag: e["resolution"] for tag, e in table.items() if tag != "ar" and e.get("resolution")}
+    if res:
+        lines += ["", "resolution: half-width of the paired 95% CI against ar (a smaller difference is not resolved at this n)"]
+        lines += [f"{tag:<{w}} " + ", ".join(f"{k} ±{v:.3g}" for k, v in r.items()) for tag, r in res.items()]
     if world_cls.per_prompt_columns and outputs:
         keys = world_cls.per_prompt_columns
         lines += ["", f"{'method':<{w}} {'prompt':>6} " + " ".join(f"{k:>{max(len(k), 8)}}" for k in keys)]
@@ -128,7 +163,8 @@ def run_grid(outputs: dict, reference: Optional[np.ndarray] = None) -> Optional[
 
 
 def write_outputs(world_cls, summary: dict, outputs: dict, out_dir: Path, reference=None) -> list[str]:
-    """summary.json and grid.png (atomically); returns the printed lines."""
+    """summary.json, grid.png and distortion.png (per-token distortion maps and depth curves, where
+    the records have them), atomically; returns the printed lines."""
     from coolsd.records import save_png_atomic, write_json_atomic
 
     write_json_atomic(summary, out_dir / "summary.json")
@@ -136,6 +172,8 @@ def write_outputs(world_cls, summary: dict, outputs: dict, out_dir: Path, refere
     if grid is not None:
         save_png_atomic(grid, out_dir / "grid.png")
     wrote = "summary.json, samples.jsonl" + (", images/, grid.png" if grid is not None else "")
+    if write_distortion_figure(summary, {tag: recs for tag, (recs, _) in outputs.items()}, out_dir):
+        wrote += ", distortion.png"
     lines = summary_lines(world_cls, summary["results"], outputs)
     if "compile" in summary:
         c = summary["compile"]
@@ -145,3 +183,12 @@ def write_outputs(world_cls, summary: dict, outputs: dict, out_dir: Path, refere
     if world_cls.next_step:
         lines[-1] += "; " + world_cls.next_step.format(out_dir=out_dir)
     return lines
+
+
+def write_distortion_figure(summary: dict, records_by_tag: dict, out_dir: Path) -> bool:
+    """distortion.png: each method's per-token distortion map and depth curve
+    (``coolsd.metrics.token_maps``); False (nothing written) where no record has per-token values."""
+    from coolsd.metrics.token_maps import distortion_figure
+
+    title = f"{summary['target']}: exact per-token distortion, {summary['n_prompts']} prompts"
+    return distortion_figure(records_by_tag, Path(out_dir) / "distortion.png", title) is not None

@@ -53,3 +53,39 @@ def test_toy_sweep_smoke_run(tmp_path):
     assert all(f"| {tag} |" in table for tag in ("ar", "eagle", "coolsd_2", "sjd"))
     assert {"table.csv", "summary.json", "pareto.png", "grid.png"} <= {p.name for p in (tmp_path / "out").iterdir()}
     assert json.loads((tmp_path / "rec" / "run.json").read_text())["target"] == "toy"
+
+
+def _claims():
+    spec = importlib.util.spec_from_file_location("claims_bench", ROOT / "benchmarks" / "claims.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_claims_compare_interpolates_b_and_pairs_by_prompt():
+    """benchmarks/claims.py: A's point against B interpolated at A's accepted length, paired per prompt;
+    the verdict follows the CIs (lower is better for distortion)."""
+    import numpy as np
+
+    c = _claims()
+    tau = {"eagle": 2.0, "uniform_rsd_1.5": 2.5, "uniform_rsd_2.0": 3.0, "uniform_rsd_3.0": 3.5, "uniform_rsd_5.0": 4.0,
+           **{t: 2.75 + 0.5 * i for i, (t, *_) in enumerate(c.CURVES["coolsd exp (mean)"])}}
+    assert c.bracket(2.75, c.curve_points("uniform_rsd", tau), tau) == ("uniform_rsd_1.5", "uniform_rsd_2.0", 0.5)
+    assert c.bracket(4.5, c.curve_points("uniform_rsd", tau), tau) is None
+    rng = np.random.default_rng(0)
+    n = 60
+    noise = rng.normal(size=n)
+    per_prompt = {m: {} for m in c.METRICS if m != "toy_fid"}
+    for t in tau:  # B's distortion grows with accepted length; A sits 0.5 below B's line, with shared prompt noise
+        base = 2.0 * (tau[t] - 2.0) + noise
+        for m in per_prompt:
+            per_prompt[m][t] = base - (0.5 if t.startswith("coolsd") else 0.0)
+    feats = {t: rng.normal(size=(n, 3)) for t in tau}
+    rows = c.compare("coolsd exp (mean)", "uniform_rsd", tau, per_prompt, feats, rng.normal(size=(n, 3)))
+    assert [r["a"] for r in rows] == [t for t, *_ in c.CURVES["coolsd exp (mean)"]][:3]  # the 4th is past B's range
+    for r in rows:
+        assert abs(r["step_tv"]["mean"] + 0.5) < 1e-9 and r["step_tv"]["ci95"][1] - r["step_tv"]["ci95"][0] < 1e-9
+    assert c.verdict(rows, "step_tv").startswith("supported")
+    assert c.verdict(rows, "toy_clip").startswith("contradicted")  # higher is better there
+    assert c.verdict([], "step_tv").startswith("not comparable")
+    assert c.verdict([{"step_tv": {"ci95": [-1.0, 1.0]}}], "step_tv") == "unresolved at this n"

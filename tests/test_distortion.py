@@ -41,6 +41,7 @@ RULES = {
     "lantern_pp": LanternRule(NB, 3, lam=2.0),
     "lantern_pp_gstar": LanternRule(NB, 3, lam=2.0, resample="gstar"),
     "lantern_delta": LanternRule(NB, 4, delta=0.2),
+    "lantern_everyone": LanternRule(NB, 1000, delta=0.3),  # N(x) = every other token (k + 1 >= V - 1)
 }
 
 
@@ -124,3 +125,44 @@ def test_chain_distortion_batches_the_depths_exactly(name):
         pi = emitted_distribution(RULES[name], p[:, d - 1], q[:, d], d)
         torch.testing.assert_close(tv_d[:, d - 1], tv(pi, p[:, d - 1]), rtol=0, atol=1e-12)
         torch.testing.assert_close(kl_d[:, d - 1], kl(pi, p[:, d - 1]), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", ["lantern_pp", "lantern_delta", "lantern_everyone"])
+@pytest.mark.parametrize("block", [1, 2, 16])
+def test_aggregation_over_the_vocabulary_is_bit_exact(monkeypatch, name, block, dtype):
+    """``_aggregate_all`` (the eager early exit over neighbour blocks, and the one-pass path)
+    returns LANTERN's own aggregation ``coolsd.decoding.lantern.aggregate`` bit for bit, and the
+    emitted distribution through the blocked path still equals brute force."""
+    from coolsd.decoding import distortion
+    from coolsd.decoding.lantern import aggregate
+
+    monkeypatch.setattr(distortion, "_FIRST_BLOCK", block)
+    rule = RULES[name]
+    for seed in range(3):
+        p, q = _dists(seed)
+        p = torch.cat([p, torch.full((1, V), 1.0 / V, dtype=p.dtype)]).to(dtype)  # ties: equal neighbours
+        want = aggregate(p, rule.nb_k, None, lam=rule.lam, delta=rule.delta)
+        got = distortion._aggregate_all(rule, p)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        pi = emitted_distribution(rule, *_dists(seed), 1)
+        torch.testing.assert_close(pi, _brute_force(rule, *_dists(seed), 1), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["scaled_up", "lantern_pp", "lantern_pp_gstar", "lantern_delta"])
+def test_chain_distortion_computes_only_the_needed_depths_in_eager_mode(name):
+    """``need``: LANTERN rows the round emitted are computed exactly as without it, the rest are 0;
+    other rules (cheap rows) compute every row anyway."""
+    from coolsd.decoding.distortion import chain_distortion
+
+    D = 3
+    g = torch.Generator().manual_seed(12)
+    p = torch.rand(B, D + 1, V, generator=g, dtype=torch.float64) ** 3
+    q = torch.rand(B, D + 1, V, generator=g, dtype=torch.float64) ** 2
+    p, q = p / p.sum(-1, keepdim=True), q / q.sum(-1, keepdim=True)
+    need = torch.arange(1, D + 1).unsqueeze(0) <= torch.tensor([0, 1, 2, 3, 3]).unsqueeze(1)
+    full, part = chain_distortion(RULES[name], p, q, D), chain_distortion(RULES[name], p, q, D, need)
+    skips = name.startswith("lantern")
+    for f, s in zip(full, part):
+        torch.testing.assert_close(s, torch.where(need, f, 0) if skips else f, rtol=0, atol=0)
+    assert float(full[0][0].abs().sum()) > 0  # the unneeded row 0 has distortion: zeroing it is visible

@@ -28,7 +28,8 @@ def fake_table():
                     "toy_clip": _ci(0.9 - 0.01 * k), "speedup": _ci(1 + k * 0.3), "target_forwards": _ci(64 / (1 + k)),
                     "toy_fid": {"fid": 10 + k, "lo": 9 + k, "hi": 11 + k},
                     "toy_clip_minus_ar": _ci(-0.01 * k), "toy_fid_minus_ar": {"diff": float(k), "lo": k - 1.0, "hi": k + 1.0},
-                    "speedup_per_accepted_length": (1 + k * 0.3) / (1 + k * 0.5)}
+                    "speedup_per_accepted_length": (1 + k * 0.3) / (1 + k * 0.5),
+                    "target_nll_minus_ar": _ci(0.01 * k, 0.005), **({"step_tv": _ci(2.0 * k)} if k != 2 else {})}
     return out
 
 
@@ -53,6 +54,8 @@ def test_table2_layout_names_toy_metrics_and_shows_no_false_difference(tmp_path)
     write_tables(df, tmp_path)
     md = (tmp_path / "table2.md").read_text()
     assert "clip_score: toy_clip" in md and "| toy | Eagle-1 | " in md and "CLIP ours (toy_clip)" in md
+    assert "| 2.00 [1.90, 2.10] | +0.0100 [+0.0050, +0.0150] | - |" in md.splitlines()[5]  # Eagle-1's signals
+    assert md.splitlines()[6].endswith("| - | +0.0200 [+0.0150, +0.0250] | - |")  # no step TV for that row
     assert pd.read_csv(tmp_path / "table2.csv").shape[0] == len(df)
     assert r"\begin{tabular}" in (tmp_path / "table2.tex").read_text()
 

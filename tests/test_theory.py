@@ -36,6 +36,7 @@ LAB_CASES = [
     ("coolsd", {"delta": 1.5, "schedule": "exp_geomean"}),
     ("coolsd", {"delta": 3.0, "schedule": "linear"}),
     ("coolsd", {"delta": 0.8, "schedule": "uniform"}),
+    ("coolsd", {"delta": 2.5, "schedule": "toward_one"}),
     ("lantern", {"delta": 0.2, "k": 2}),
     ("lantern", {"delta": 0.2, "k": 2, "resample": "gstar"}),
     ("lantern_pp", {"lam": 2.0, "k": 2}),

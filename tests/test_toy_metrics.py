@@ -1,5 +1,6 @@
-"""Toy metrics: Fréchet distance, streaming statistics, feature extraction, toy_clip, the
-feature network's persistence. Tiny random networks only; the trained net is not needed."""
+"""Toy metrics: Fréchet distance, streaming statistics, feature extraction, toy_clip, improved
+precision / recall, toy_quality, the feature network's persistence. Tiny random networks only;
+the trained net is not needed."""
 import json
 import warnings
 
@@ -12,12 +13,16 @@ from coolsd.metrics import (
     FeatureExtractor,
     StreamingStats,
     bootstrap_fid_ci,
+    bootstrap_precision_recall_ci,
     caption_attributes,
     feature_statistics,
     fid_from_features,
     frechet_distance,
     frechet_distance_sym,
     mean_ci,
+    paired_precision_recall_difference_ci,
+    precision_recall,
+    precision_recall_indicators,
     sqrt_psd,
     to_float_images,
     toy_clip,
@@ -243,6 +248,135 @@ def test_paired_fid_difference_and_paired_speedup():
     p, u = ratio_ci(num, den, paired=True), ratio_ci(num, den)
     assert p["ci95"][0] < p["mean"] < p["ci95"][1]
     assert p["ci95"][1] - p["ci95"][0] < (u["ci95"][1] - u["ci95"][0]) / 3
+
+
+# ---- improved precision and recall -------------------------------------------------------------
+def _col(*x):
+    return np.array(x, dtype=np.float64)[:, None]  # 1-D points as (n, 1) features
+
+
+def test_precision_recall_hand_computed_1d():
+    # k = 1: ref radii 0->1, 1->1, 3->2: manifold [-1, 5]; gen radii -2.5, -2 -> 0.5, 4.5, 6 -> 1.5:
+    # manifold [-3, -1.5] u [3, 7.5]
+    in_ref, in_gen = precision_recall_indicators(_col(4.5, 6, -2, -2.5), _col(0, 1, 3), k=1)
+    assert in_ref.tolist() == [True, False, False, False] and in_gen.tolist() == [False, False, True]
+    assert precision_recall(_col(4.5, 6, -2, -2.5), _col(0, 1, 3), k=1) == (0.25, 1 / 3)
+    # k = 3: ref radii 0->3, 1, 2, 3->2, 4->3, 20->18 (the outlier's ball is huge): manifold [-3, 38];
+    # -3 sits exactly on 0's ball (closed balls), -3.5 just outside, 10 inside the outlier's ball
+    ref = _col(0, 1, 2, 3, 4, 20)
+    assert precision_recall_indicators(_col(-3, -3.5, 40, 10), ref)[0].tolist() == [True, False, False, True]
+    # a tight generated cluster: radii 1.5, 1, 1, 1.5 -> manifold [8.5, 13]: inside ref, covers none of it
+    assert precision_recall(_col(10, 10.5, 11, 11.5), ref) == (1.0, 0.0)
+    with pytest.raises(ValueError, match="more than k rows"):
+        precision_recall(_col(0, 1, 2), ref)  # 3 rows have no 3rd other neighbour
+    with pytest.raises(ValueError, match="dims differ"):
+        precision_recall(np.zeros((5, 2)), ref)
+
+
+def test_duplicate_features_give_radius_zero_balls():
+    far = np.array([5.0, 0.0])
+    # >= k exact duplicates: radius 0, the ball holds only identical features (bit-exact distances)
+    ref4 = np.array([[0.0, 0.0]] * 4 + [[10.0, 0.0]] * 4)
+    gen = np.array([[0.0, 0.0], [1e-9, 0.0], [10.0, 0.0], far])
+    assert precision_recall_indicators(gen, ref4)[0].tolist() == [True, False, True, False]
+    # only k - 1 duplicates: the k-th neighbour is the other cluster, radius 10, covering `far`
+    ref3 = np.array([[0.0, 0.0]] * 3 + [[10.0, 0.0]] * 3)
+    assert precision_recall_indicators(gen, ref3)[0].tolist() == [True, True, True, True]
+    # realistic features (|x| ~ 300): identical rows must be exactly 0 apart, not ~1e-5 as with
+    # the |a|^2 + |b|^2 - 2ab expansion, or a feature 1e-6 away would land in a radius-0 ball
+    x, y = np.random.default_rng(1).normal(0, 30, (2, 128))
+    nudge = np.eye(128)[0] * 1e-6
+    in_ref = precision_recall_indicators(np.stack([x, x + nudge, y, y]), np.repeat(np.stack([x, y]), 4, axis=0))[0]
+    assert in_ref.tolist() == [True, False, True, True]
+    # a generator that outputs one feature k + 1 times: its manifold is that point
+    r = np.random.default_rng(0).normal(size=(20, 3))
+    assert precision_recall(np.repeat(r[:1], 6, axis=0), r) == (1.0, 1 / 20)
+    assert precision_recall(np.repeat(r[:1], 6, axis=0), np.repeat(r[:1], 4, axis=0)) == (1.0, 1.0)
+
+
+def _two_modes(n, d=4, seed=0):
+    r = np.random.default_rng(seed)
+    return np.concatenate([r.normal(-5, 1, (n // 2, d)), r.normal(5, 1, (n - n // 2, d))])
+
+
+def test_fidelity_and_diversity_losses_separate():
+    ref = _two_modes(200)
+    r = np.random.default_rng(1)
+    assert precision_recall(ref, ref) == (1.0, 1.0)
+    assert precision_recall(torch.from_numpy(ref), ref[::-1]) == (1.0, 1.0)  # order and type do not matter
+    p, rc = precision_recall(_two_modes(200, seed=1), ref)
+    assert p > 0.8 and rc > 0.8
+    p, rc = precision_recall(r.normal(-5, 1, (200, 4)), ref)  # mode collapse: faithful, half the diversity
+    assert p > 0.8 and 0.4 < rc < 0.55
+    p, rc = precision_recall(r.normal(50, 1, (200, 4)), ref)  # off the manifold
+    assert p == 0 and rc == 0
+
+
+def test_precision_recall_bootstrap_intervals():
+    ref = _two_modes(120)
+    good = _two_modes(120, seed=2)
+    collapsed = np.random.default_rng(3).normal(-5, 1, (120, 4))
+    ci = bootstrap_precision_recall_ci(collapsed, ref, n_resamples=50, seed=4)
+    assert ci == bootstrap_precision_recall_ci(collapsed, ref, n_resamples=50, seed=4)
+    other_seed = bootstrap_precision_recall_ci(collapsed, ref, n_resamples=50, seed=5)
+    assert ci["recall"]["ci95"] != other_seed["recall"]["ci95"]
+    point = precision_recall(collapsed, ref)
+    for j, name in enumerate(("precision", "recall")):
+        c = ci[name]
+        assert c["mean"] == point[j] and c["ci95"] == [c["lo"], c["hi"]] and c["lo"] <= c["mean"] <= c["hi"]
+        assert 0 < c["hi"] - c["lo"] < 0.3 and c["n"] == 120 and c["k"] == 3 and c["n_resamples"] == 50
+    assert ci["recall"]["hi"] < 0.6 < ci["precision"]["lo"]
+    same = paired_precision_recall_difference_ci(good, good, ref, n_resamples=20)
+    assert all(same[m]["mean"] == 0 and same[m]["ci95"] == [0, 0] for m in same)
+    d = paired_precision_recall_difference_ci(collapsed, good, ref, n_resamples=50, seed=4)
+    assert d["recall"]["mean"] == pytest.approx(point[1] - precision_recall(good, ref)[1])
+    assert d["recall"]["hi"] < 0 and d["recall"]["lo"] <= d["recall"]["mean"] <= d["recall"]["hi"]
+    assert d["precision"]["lo"] <= d["precision"]["mean"] <= d["precision"]["hi"]
+    with pytest.raises(ValueError, match="equal shapes"):
+        paired_precision_recall_difference_ci(good[:50], good, ref)
+    # each resample draws prompts from default_rng(seed), rebuilds both manifolds from the distinct
+    # drawn prompts and weights each prompt's indicators by its multiplicity
+    rng, expect = np.random.default_rng(6), []
+    for _ in range(3):
+        rows, counts = np.unique(rng.integers(0, 40, 40), return_counts=True)
+        expect.append([counts @ m / 40 for m in precision_recall_indicators(collapsed[rows], ref[rows])])
+    boot = bootstrap_precision_recall_ci(collapsed[:40], ref[:40], n_resamples=3, seed=6)
+    assert [boot[m]["boot_mean"] for m in ("precision", "recall")] == pytest.approx(np.mean(expect, 0), abs=1e-12)
+    # 4 prompts: resamples with < 4 distinct prompts are redrawn, so every resample is a permutation
+    tiny = bootstrap_precision_recall_ci(good[:4], ref[:4], n_resamples=5)
+    assert all(tiny[m]["lo"] == tiny[m]["mean"] == tiny[m]["hi"] for m in tiny)
+
+
+def test_toy_quality_reports_precision_recall_and_paired_differences(images):
+    from coolsd.metrics.toy import toy_quality
+    from coolsd.summary import _cell
+
+    scenes = sample_scenes(45, seed=3)
+    ext = ToyFeatureExtractor(_tiny_net(0))
+    collapsed = np.repeat(images[:1], 45, axis=0)  # one image for every prompt
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # scipy: "Matrix is singular" (toy_fid of the collapsed set)
+        q = toy_quality(ext, {"ar": images, "collapsed": collapsed}, scenes, n_resamples=20)
+    ref = ext(images)
+    ar, col = q["ar"], q["collapsed"]
+    assert ar["toy_precision"]["mean"] == ar["toy_recall"]["mean"] == 1.0
+    assert ar["toy_recall_minus_ar"]["ci95"] == [0.0, 0.0]
+    assert col["toy_precision"]["mean"] == 1.0  # the one image is a reference render
+    assert col["toy_recall"]["mean"] == pytest.approx((ref == ref[0]).all(1).mean())
+    assert col["toy_recall_minus_ar"]["mean"] == pytest.approx(col["toy_recall"]["mean"] - 1)
+    assert col["toy_recall_minus_ar"]["ci95"][1] < 0
+    # the same numbers as the stand-alone functions (same seed, same resamples)
+    alone = bootstrap_precision_recall_ci(ext(collapsed), ref, n_resamples=20, seed=0)
+    assert col["toy_recall"] == alone["recall"] and col["toy_precision"] == alone["precision"]
+    diff = paired_precision_recall_difference_ci(ext(collapsed), ref, ref, n_resamples=20, seed=0)
+    assert col["toy_recall_minus_ar"] == diff["recall"]
+    c = col["toy_recall"]
+    assert _cell(c, 3) == f"{c['mean']:.3f} [{c['lo']:.3f}, {c['hi']:.3f}]"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # scipy: "Matrix is singular" (toy_fid of 3 images)
+        few = toy_quality(ext, {"ar": images[:3]}, scenes[:3], n_resamples=5)["ar"]  # 3 < k + 1 prompts
+    assert few["toy_fid"] is not None
+    assert all(few[k] is None for k in ("toy_precision", "toy_recall", "toy_precision_minus_ar", "toy_recall_minus_ar"))
 
 
 # ---- training determinism and persistence -------------------------------------------------------

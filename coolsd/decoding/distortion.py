@@ -24,9 +24,11 @@ closed form here); the emitted token of a leaf's bonus draw is distributed as p 
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
-from coolsd.decoding import lantern as _lantern
+from coolsd.compiled import compiling
 from coolsd.decoding.rules import ExactRule, LanternRule, Rule, ScaledRule, acceptance_prob, gstar_residual
 from coolsd.decoding.sampling import _TINY, normalize
 
@@ -38,27 +40,101 @@ def emitted_distribution(rule: Rule, p: torch.Tensor, q: torch.Tensor, depth: in
         return _lantern_emitted(rule, p, q)
     if isinstance(rule, ExactRule) or (isinstance(rule, ScaledRule) and rule.weight(depth) == 1.0):
         return p  # a = p: lossless, pi = p exactly (formula (2) would leave rounding residue)
-    a = rule.numerator(p, depth)
+    # LANTERN (gstar): a = p~ over the vocabulary, as rule.numerator computes it but cheaper
+    a = _aggregate_all(rule, p)[0] if isinstance(rule, LanternRule) else rule.numerator(p, depth)
     accepted = torch.minimum(q, a)  # q(y) f(y) = min(q(y), a(y)) wherever q(y) > 0
     beta = (1 - accepted.sum(-1, keepdim=True)).clamp(min=0)
     return accepted + beta * normalize(gstar_residual(p, q, a), p)
 
 
+def _at_neighbours(v: torch.Tensor, nb: torch.Tensor) -> torch.Tensor:
+    """v (N, V) at every token's neighbours nb (V, m): (N, V, m), v[n, nb[x, j]] at [n, x, j].
+    One index_select with the flat (V m,) index: no (N, V, m) index tensor is materialised
+    (``v[:, nb]`` and ``gather`` with an expanded index cost 3-5x more on the CPU)."""
+    return v.index_select(1, nb.reshape(-1)).view(v.shape[0], *nb.shape)
+
+
+# neighbour columns of the first block of the eager early-exit aggregation (_aggregate_all)
+_FIRST_BLOCK = 16
+
+
+def _aggregate_all(rule: LanternRule, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(p~, relaxed) at every token, each (N, V): the values of ``coolsd.decoding.lantern.aggregate(p,
+    rule.nb_k, None, ...)`` (== ``rule.numerator``) bit for bit, at a fraction of the cost
+    (docs/distortion.md, LANTERN's own resampling).
+
+    Invariants that make it exact: c_m = sum_{j<=m} p(n_j(x)) is non-decreasing in m, so the
+    admissible m (c_m <= budget) form a prefix and m* is their count. With k <= 32 (LANTERN++'s
+    k = 10) or compiled (static shapes, no host reads), every column is read at once and summed by
+    the same ``cumsum`` in p's dtype that the rule runs on its draft's row. In eager mode with a
+    larger k (LANTERN's k = 1000) the columns come in blocks (16, then doubling), each computed only
+    for the (row, token) pairs whose prefix is still admissible through the previous block, from
+    their float64 partial sum: the CPU's ``cumsum`` of a float32 tensor accumulates in float64 and
+    rounds each partial sum, so this reproduces it, and most neighbours are never read."""
+    nb = rule.nb_k
+    N, V = p.shape
+    k = nb.shape[1]
+    budget = (rule.lam - 1) * p if rule.lam is not None else torch.full_like(p, rule.delta)
+    if compiling() or k <= 2 * _FIRST_BLOCK:  # every column at once, in p's dtype: the rule's own cumsum
+        c = _at_neighbours(p, nb).cumsum(-1)  # (N, V, k): c_1..c_k, non-decreasing
+        count = torch.searchsorted(c, budget.unsqueeze(-1), right=True).squeeze(-1)  # #{m: c_m <= budget} = m*
+        c_star = c.gather(-1, (count - 1).clamp(min=0).unsqueeze(-1)).squeeze(-1)
+        return p + torch.where(count > 0, c_star, torch.zeros_like(c_star)), count > 0
+    first = _FIRST_BLOCK
+    c = _at_neighbours(p, nb[:, :first]).to(torch.float64).cumsum(-1)  # (N, V, first): c_1..c_first
+    count = (c.to(p.dtype) <= budget.unsqueeze(-1)).sum(-1)
+    relaxed = count > 0  # m* > 0
+    c_star = torch.where(relaxed, c.gather(-1, (count - 1).clamp(min=0).unsqueeze(-1)).squeeze(-1), 0.0)
+    # eager, large k: continue the prefixes admissible through the whole block
+    c_star, count, c = c_star.reshape(-1), count.reshape(-1), c.view(N * V, first)
+    rows = (count == first).nonzero().squeeze(1)  # flat (n, x) pairs, n * V + x
+    carry = c[rows, -1]  # their partial sum c_start, float64
+    start, width = first, 2 * _FIRST_BLOCK
+    while start < k and rows.numel():
+        stop = min(start + width, k)
+        idx = (rows - rows % V).unsqueeze(1) + nb[rows % V, start:stop]  # flat index of p(n_j(x))
+        cb = torch.cat([carry.unsqueeze(1), p.reshape(-1)[idx].to(torch.float64)], 1).cumsum(1)[:, 1:]
+        cnt = (cb.to(p.dtype) <= budget.reshape(-1)[rows].unsqueeze(1)).sum(1)
+        hit = cnt > 0
+        c_star[rows[hit]] = cb[hit].gather(1, (cnt[hit] - 1).unsqueeze(1)).squeeze(1)
+        full = cnt == stop - start
+        rows, carry = rows[full], cb[full, -1]
+        start, width = stop, 2 * width
+    c_star = c_star.view(N, V)
+    return p + c_star.to(p.dtype), relaxed
+
+
 def _lantern_emitted(rule: LanternRule, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    B, V = p.shape
-    tokens = torch.arange(V, device=p.device).expand(B, V)
-    p_tilde, relaxed = _lantern.aggregate(p, rule.nb_k, None, lam=rule.lam, delta=rule.delta)
+    """Formula (3) of docs/distortion.md, vectorised over rows and every draft x at once.
+
+    pi(y) gets c(x) Delta_x(y) from every relaxed x with y in N(x); neighbourhoods are not
+    symmetric, so that sum is a scatter over (x, j) -> y = nb_k1[x, j]. Since Delta_x(y) =
+    min(p, q)(y) for y in N(x) does not depend on x, it factors: sum_x c(x) Delta_x(y) =
+    min(p, q)(y) * sum_{x relaxed, y in N(x)} c(x), so only the (N, V) weights c are scattered
+    (an index_add with the flat (V (k+1),) index, no (N, V, k+1) index)."""
+    N, V = p.shape
+    nb1 = rule.nb_k1
+    p_tilde, relaxed = _aggregate_all(rule, p)
     f = acceptance_prob(p_tilde, q)  # f(x) at every x, as LanternRule.step evaluates it at the draft
     w = q * (1 - f)  # probability of drafting x and rejecting it
     r0 = torch.clamp(p - q, min=0.0)
-    nb = rule.nb_k1[tokens]  # (B, V, k+1): N(x)
-    gain = torch.gather(torch.minimum(p, q), 1, nb.flatten(1)).view(nb.shape)  # Delta_x on N(x)
-    s = r0.sum(-1, keepdim=True) + torch.where(relaxed.unsqueeze(-1), gain, 0).sum(-1)  # (B, V): mass of r_x
+    m = torch.minimum(p, q)  # Delta_x on N(x)
+    everyone = nb1.shape[1] == V - 1  # N(x) = every token but x (LANTERN's k = 1000 on a small vocabulary)
+    if everyone:  # the sums over N(x) are the total less x's own term: O(V), not O(V^2)
+        gain = m.sum(-1, keepdim=True) - m
+    else:
+        gain = _at_neighbours(m, nb1).sum(-1)  # (N, V): sum_{y in N(x)} min(p, q)(y)
+    s = r0.sum(-1, keepdim=True) + torch.where(relaxed, gain, torch.zeros_like(gain))  # (N, V): mass of r_x
     ok = s > _TINY
-    c = torch.where(ok, w / torch.where(ok, s, torch.ones_like(s)), 0)  # weight of Norm(r_x)
+    c = torch.where(ok, w / torch.where(ok, s, torch.ones_like(s)), torch.zeros_like(s))  # weight of Norm(r_x)
     pi = q * f + c.sum(-1, keepdim=True) * r0 + (w * ~ok).sum(-1, keepdim=True) * p  # massless r_x: p
-    spread = torch.where(relaxed.unsqueeze(-1), c.unsqueeze(-1) * gain, 0)
-    return pi.scatter_add(1, nb.flatten(1), spread.flatten(1))
+    cr = torch.where(relaxed, c, torch.zeros_like(c))
+    if everyone:
+        into = cr.sum(-1, keepdim=True) - cr  # sum over x != y
+    else:
+        k1 = nb1.shape[1]
+        into = torch.zeros_like(p).index_add_(1, nb1.reshape(-1), cr.unsqueeze(-1).expand(N, V, k1).reshape(N, V * k1))
+    return pi + m * into
 
 
 def tv(pi: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
@@ -67,30 +143,59 @@ def tv(pi: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
 
 
 def kl(pi: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """KL(pi || p) along the last dim; inf where pi has mass outside p's support."""
-    terms = torch.where(pi > 0, pi * (torch.log(pi) - torch.log(p)), torch.zeros_like(pi))
-    return terms.sum(-1)
+    """KL(pi || p) along the last dim; inf where pi has mass outside p's support (0 log 0 = 0)."""
+    return (torch.special.xlogy(pi, pi) - torch.special.xlogy(pi, p)).sum(-1)
 
 
-def chain_distortion(rule: Rule, p: torch.Tensor, q: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+def chain_distortion(rule: Rule, p: torch.Tensor, q: torch.Tensor, depth: int,
+                     need: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-depth (TV, KL) of the emitted token along a chain, each (B, depth): p (B, n+1, V) the
     target at every node (node d-1 verifies depth d), q (B, n+1, V) the draft distribution of
-    every node's token (node d at depth d). All depths in one batched pass."""
+    every node's token (node d at depth d). All depths in one batched pass.
+
+    ``need`` (B, depth) bool: the depths whose token the round emitted (verified there); for LANTERN
+    rules in eager mode only those rows are computed (the others are 0: the round never reached
+    them), about half of them at a typical acceptance. Other rules, and compiled rounds (static
+    shapes), compute every row."""
     B, V = p.shape[0], p.shape[-1]
-    if depth == 0:
-        z = p.new_zeros(B, 0)
+    omega = [rule.weight(j) for j in range(1, depth + 1)] if isinstance(rule, ScaledRule) else None
+    if depth == 0 or isinstance(rule, ExactRule) or (omega is not None and all(w == 1.0 for w in omega)):
+        z = p.new_zeros(B, depth)  # lossless at every depth: pi = p exactly
         return z, z
     P, Q = p[:, :depth], q[:, 1 : depth + 1].to(p.dtype)  # (B, D, V)
-    if isinstance(rule, ExactRule):
-        pi = P
-    elif isinstance(rule, ScaledRule):
-        w = torch.tensor([rule.weight(d) for d in range(1, depth + 1)], dtype=P.dtype, device=P.device)
-        accepted = torch.minimum(Q, w[:, None] * P)
-        beta = (1 - accepted.sum(-1, keepdim=True)).clamp(min=0)
-        pi = accepted + beta * normalize(torch.clamp(P - accepted, min=0.0), P)
-        pi = torch.where((w == 1.0)[:, None], P, pi)  # a = p at that depth: lossless, exactly p
-    elif isinstance(rule, LanternRule):  # depth-independent: every depth as one batch
-        pi = emitted_distribution(rule, P.reshape(B * depth, V), Q.reshape(B * depth, V), 1).view(B, depth, V)
-    else:
-        pi = torch.stack([emitted_distribution(rule, P[:, d - 1], Q[:, d - 1], d) for d in range(1, depth + 1)], 1)
-    return tv(pi, P), kl(pi, P)
+    if isinstance(rule, ScaledRule):  # cheap rows: every depth at once, omega_d broadcast over the batch
+        w = torch.tensor(omega, dtype=P.dtype, device=P.device).view(1, depth, 1)
+        pi = _scaled_emitted(P, Q, w)
+        return tv(pi, P), kl(pi, P)
+    P, Q = P.reshape(B * depth, V), Q.reshape(B * depth, V)
+    d = torch.arange(1, depth + 1).repeat(B)  # (B * depth,) each row's depth
+    # skipping rows pays only where a row is costly (LANTERN: O(V k)); elsewhere the selection's own ops cost more
+    skip = need is not None and isinstance(rule, LanternRule) and not compiling()
+    rows = need.reshape(-1).nonzero().squeeze(1) if skip else None
+    if rows is not None:
+        P, Q, d = P[rows], Q[rows], d[rows]
+    pi = _emitted_rows(rule, P, Q, d, depth)
+    tv_r, kl_r = tv(pi, P), kl(pi, P)
+    if rows is not None:
+        tv_r = P.new_zeros(B * depth).index_copy_(0, rows, tv_r)
+        kl_r = P.new_zeros(B * depth).index_copy_(0, rows, kl_r)
+    return tv_r.view(B, depth), kl_r.view(B, depth)
+
+
+def _scaled_emitted(P: torch.Tensor, Q: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """pi of a scaled rule (a = omega p), formula (2) of docs/distortion.md; exactly p where omega = 1."""
+    accepted = torch.minimum(Q, w * P)
+    beta = (1 - accepted.sum(-1, keepdim=True)).clamp(min=0)
+    pi = accepted + beta * normalize(torch.clamp(P - accepted, min=0.0), P)
+    return torch.where(w == 1.0, P, pi)  # a = p at that depth: lossless, exactly p
+
+
+def _emitted_rows(rule: Rule, P: torch.Tensor, Q: torch.Tensor, d: torch.Tensor, depth: int) -> torch.Tensor:
+    """pi (M, V) of rows P, Q (M, V) verified at depths d (M,) in 1..depth."""
+    if isinstance(rule, LanternRule):  # depth-independent: every row as one batch
+        return emitted_distribution(rule, P, Q, 1)
+    out = torch.empty_like(P)
+    for j in range(1, depth + 1):
+        at = d == j
+        out[at] = emitted_distribution(rule, P[at], Q[at], j)
+    return out

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-SCHEDULES = ("uniform", "exp", "exp_geomean", "linear")
+SCHEDULES = ("uniform", "exp", "exp_geomean", "linear", "toward_one")
 EXP_NORMALIZATIONS = ("mean", "geomean")
 
 
@@ -36,6 +36,9 @@ def omega_schedule(
       ``exp_geomean``.
     - ``linear``: omega_d = delta * (1 + s*((L+1)/2 - d)), 0 <= s <= 2/(L-1); default s = 2/(L+1)
       (omega_L = delta * 2/(L+1) > 0) [inferred; the paper's parametrisation is unknown].
+    - ``toward_one``: omega_d = 1 + (delta - 1) * exp(-nu*(d - 1)): omega_1 = delta, then the
+      relaxation decays toward vanilla verification (omega = 1) without crossing it (from
+      above for delta > 1, from below for delta < 1); delta = 1 gives omega = 1 exactly (EAGLE).
     """
     delta = check_positive_finite("delta", delta)
     if int(length) < 1:
@@ -64,4 +67,7 @@ def omega_schedule(
         if not (0 <= s <= s_max):
             raise ValueError(f"linear schedule slope must be in [0, 2/(L-1)] = [0, {s_max:.4g}], got {s}")
         return delta * (1 + s * ((L + 1) / 2 - d))
+    if schedule == "toward_one":
+        # exp(.) in (0, 1]: omega_d lies between delta and 1, on delta's side of 1
+        return 1 + (delta - 1) * torch.exp(-nu * (d - 1))
     raise ValueError(f"unknown schedule {schedule!r}; valid names: {', '.join(SCHEDULES)}")

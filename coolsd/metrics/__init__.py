@@ -2,8 +2,9 @@
 features; each metric is a pure function of features (-> statistics -> a number).
 
 The toy metrics (``coolsd.metrics.toy``) use the toy world's own feature network
-(``coolsd.toy.features``); they are named ``toy_fid`` / ``toy_clip`` because they are NOT
-COCO FID (Inception-v3 pool3 on COCO) or CLIP score and are not comparable to them.
+(``coolsd.toy.features``); they are named ``toy_fid`` / ``toy_clip`` / ``toy_precision`` /
+``toy_recall`` because they are NOT COCO FID (Inception-v3 pool3 on COCO), CLIP score or the
+Inception-feature precision / recall of Kynkäänniemi et al. and are not comparable to them.
 """
 from __future__ import annotations
 
@@ -19,10 +20,15 @@ from coolsd.metrics.fid import (
     sqrt_psd,
 )
 from coolsd.metrics.toy import (
+    PR_K,
     bootstrap_fid_ci,
+    bootstrap_precision_recall_ci,
     caption_attributes,
     mean_ci,
     paired_fid_difference_ci,
+    paired_precision_recall_difference_ci,
+    precision_recall,
+    precision_recall_indicators,
     toy_clip,
     toy_clip_scores,
     toy_fid,
@@ -34,6 +40,8 @@ __all__ = [
     "fid_from_features",
     "toy_fid", "toy_clip", "toy_clip_scores", "caption_attributes", "mean_ci", "bootstrap_fid_ci",
     "paired_fid_difference_ci",
+    "PR_K", "precision_recall", "precision_recall_indicators", "bootstrap_precision_recall_ci",
+    "paired_precision_recall_difference_ci",
 ]
 
 

@@ -21,28 +21,32 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def toy_sweep(specs: list[tuple[str, str, dict]], prompts: int, records: Path, *, tree: str = "chain",
-              draft_length: int = 4, seed: int = 0, assets=None) -> dict:
+              draft_length: int = 4, seed: int = 0, assets=None, batch_size: int = 1, threads: int = 1) -> dict:
     """``specs``: (tag, method, params); must include ("ar", "ar", {}). Records and images go to
     ``records`` (resumable: an interrupted sweep continues where it stopped), through the
-    generation job (``coolsd.job``) at batch 1 on one thread. Returns {"env", "table" (per tag,
-    as ``coolsd.summary.results_table``), "outputs", "scenes"}."""
+    generation job (``coolsd.job``), at batch 1 on one thread unless told otherwise (a quality
+    sweep, ``make claims``, runs batched). Returns {"env", "table" (per tag, as
+    ``coolsd.summary.results_table``), "outputs", "scenes", "world"}."""
     if "ar" not in [t for t, *_ in specs]:
         raise ValueError("a sweep needs the AR baseline (tag 'ar') for its speed-ups")
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     cfg = compose("target=toy", f"dataset.n_prompts={prompts}", f"seed={seed}",
                   *([f"target.assets={assets}"] if assets else []))  # the toy protocol: CFG, sampling
     world = load_world(cfg)
     methods = {tag: world.build_method(name, p, tree, draft_length) for tag, name, p in specs}
-    identity = run_identity(world, methods, seed=seed, dataset=world.dataset(cfg), threads=1)
+    identity = run_identity(world, methods, seed=seed, dataset=world.dataset(cfg), threads=threads,
+                            batch_size=batch_size)
     t0 = time.perf_counter()
-    outputs, scenes, failures = run_shard(world, methods, world.prompts(cfg), records, identity, seed=seed)
+    outputs, scenes, failures = run_shard(world, methods, world.prompts(cfg), records, identity, seed=seed,
+                                          batch_size=batch_size)
     settings = world.settings()
-    env = {"target": "toy", "prompts": prompts, "tree": tree, "draft_length": draft_length, "threads": 1,
-           "batch_size": 1, **settings, "cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
+    env = {"target": "toy", "prompts": prompts, "tree": tree, "draft_length": draft_length, "threads": threads,
+           "batch_size": batch_size, **settings, "cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
            "generation_seconds": time.perf_counter() - t0, "records": str(records),
            "speedup_reference": "ar on the same prompts, same machine, same run (paired by prompt)",
            "assets": world.files()["assets"], "failures": failures}
-    return {"env": env, "table": results_table(type(world), outputs, scenes, world.files()), "outputs": outputs, "scenes": scenes}
+    return {"env": env, "table": results_table(type(world), outputs, scenes, world.files()), "outputs": outputs,
+            "scenes": scenes, "world": world}
 
 
 def sweep_frame(table: dict) -> pd.DataFrame:

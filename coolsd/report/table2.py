@@ -25,6 +25,9 @@ from coolsd.report.sweep import ROOT, sweep_frame, toy_sweep
 from coolsd.worlds import world_class
 
 SPEED = {c: c for c in ("accepted_length", "latency_s", "speedup")}
+# issue 15's signals (ours only): exact distortion summed over the image, NLL shift of what was emitted vs AR
+SIGNALS = {"step_tv": "step TV (sum/image)", "target_nll_minus_ar": "target NLL - AR (nats/token)",
+           "off_support_minus_ar": "off-support - AR (fraction)"}
 HEADERS = {"clip_score": "CLIP", "fid": "FID", "image_reward": "ImageReward", "accepted_length": "accepted length",
            "latency_s": "latency (s)", "speedup": "speed-up"}
 
@@ -84,6 +87,9 @@ def build_table(target: str, table: dict) -> pd.DataFrame:
             row[f"{col}_paper"] = r["paper"][col]
             both = have and r["paper"][col] is not None and name == col
             row[f"{col}_diff"] = row[f"{col}_ours"] - r["paper"][col] if both else None
+        for name in SIGNALS:  # ours only: the paper reports no such number
+            have = name in df.columns and pd.notna(df.loc[tag, name])
+            row[name] = [float(df.loc[tag, k]) for k in (name, name + "_lo", name + "_hi")] if have else None
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -99,6 +105,10 @@ def _cell(r, col, latex=False):
     return ours, paper + diff
 
 
+def _signal_cell(v, fmt: str) -> str:
+    return "-" if v is None or (isinstance(v, float) and pd.isna(v)) else f"{fmt.format(v[0])} [{fmt.format(v[1])}, {fmt.format(v[2])}]"
+
+
 def write_tables(df: pd.DataFrame, out: Path) -> None:
     cols = list(TABLE2_COLUMNS)
 
@@ -106,19 +116,25 @@ def write_tables(df: pd.DataFrame, out: Path) -> None:
         names = sorted({r[f"{c}_ours_metric"] for _, r in df.iterrows() if r[f"{c}_ours_metric"] not in (None, c)})
         return f"{HEADERS[c]} ours" + (f" ({'/'.join(names)})" if names else "")
 
-    md = ["| target | method | " + " | ".join(f"{ours_header(c)} | {HEADERS[c]} paper (diff)" for c in cols) + " |",
-          "|---|---|" + "---|---|" * len(cols)]
+    md = ["| target | method | " + " | ".join(f"{ours_header(c)} | {HEADERS[c]} paper (diff)" for c in cols) + " | "
+          + " | ".join(f"{h} ours" for h in SIGNALS.values()) + " |",
+          "|---|---|" + "---|---|" * len(cols) + "---|" * len(SIGNALS)]
     tex = [r"\begin{tabular}{ll" + "rr" * len(cols) + "}", r"\toprule",
            "target & method & " + " & ".join(f"{ours_header(c)} & paper".replace("_", r"\_") for c in cols) + r" \\", r"\midrule"]
     for _, r in df.iterrows():
         cells = [_cell(r, c) for c in cols]
-        md.append(f"| {r['target']} | {r['method']} | " + " | ".join(f"{o} | {p}" for o, p in cells) + " |")
+        sig = [_signal_cell(r[k], "{:+.4f}" if k.endswith("minus_ar") else "{:.2f}") for k in SIGNALS]
+        md.append(f"| {r['target']} | {r['method']} | " + " | ".join(f"{o} | {p}" for o, p in cells) + " | "
+                  + " | ".join(sig) + " |")
         esc = lambda s: s.replace("_", r"\_").replace("[", "{[}").replace("]", "{]}")  # noqa: E731
         tex.append(f"{esc(r['target'])} & {esc(r['method'])} & " + " & ".join(f"{esc(o)} & {esc(p)}" for o, p in cells) + r" \\")
     tex += [r"\bottomrule", r"\end{tabular}"]
     metric_names = sorted({f"{c}: {r[f'{c}_ours_metric']}" for _, r in df.iterrows() for c in cols
                            if r[f"{c}_ours_metric"] and r[f"{c}_ours_metric"] != c})
-    note = ("Ours: mean [95% CI] over prompts; paper: COOL-SD Table 2 (A100 40GB). "
+    note = ("Ours: mean [95% CI] over prompts; paper: COOL-SD Table 2 (A100 40GB). The last three columns are ours "
+            "only: the exact distortion of each token's emitted distribution summed over the image (docs/distortion.md; "
+            "empty for trees), and the target's NLL of the emitted tokens and their fraction outside the warped support, "
+            "paired by prompt against AR. "
             + (f"Columns computed with other metrics: {', '.join(metric_names)} (toy metrics are not CLIP / FID, so "
                "no difference is shown)." if metric_names else ""))
     (out / "table2.md").write_text(note + "\n\n" + "\n".join(md) + "\n")

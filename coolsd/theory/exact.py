@@ -6,6 +6,10 @@ table, which are data).
 Lab protocol (issue #2): generation starts from the empty prefix; each round drafts
 L' = min(L, N - |prefix|) tokens along a chain; a fully accepted round emits a bonus token only
 if there is room.
+
+Besides the sequence distribution, the oracle gives the expected per-token distortion summed
+over the sequence, E[sum_t TV(pi_t, p_t)] and E[sum_t KL(pi_t || p_t)] (METHODS.md 10,
+docs/distortion.md): the quantities whose per-image sums the production loop records.
 """
 from __future__ import annotations
 
@@ -13,6 +17,8 @@ import functools
 import itertools
 
 import numpy as np
+
+from coolsd.theory.stats import total_variation
 
 
 def _norm(v, fallback):
@@ -29,6 +35,14 @@ def _aggregate(p, nb, x, k, lam, delta):
         if c <= budget:
             c_star, relaxed = c, True
     return p[x] + c_star, relaxed
+
+
+def kl_divergence(a: np.ndarray, b: np.ndarray) -> float:
+    """KL(a || b) = sum_{a > 0} a log(a / b); inf if a has mass where b has none."""
+    on = a > 0
+    if np.any(b[on] <= 0):
+        return float("inf")
+    return float(np.sum(a[on] * np.log(a[on] / b[on])))
 
 
 class ChainOracle:
@@ -74,6 +88,32 @@ class ChainOracle:
             emis = beta * _norm(np.maximum(p - np.minimum(q, a), 0.0), p)
         return cont, emis
 
+    @functools.lru_cache(maxsize=None)
+    def distortion(self, c: tuple, d: int) -> np.ndarray:
+        """[TV, KL] of the emitted token's distribution pi = cont + emis (docs/distortion.md (1))
+        against p(.|c), at chain prefix c and depth d."""
+        cont, emis = self.step(c, d)
+        pi, p = cont + emis, self.P.probs(c)
+        return np.array([total_variation(pi, p), kl_divergence(pi, p)])
+
+    def round_distortion(self, s: tuple) -> np.ndarray:
+        """[E TV, E KL] summed over the tokens of one round started at prefix s: sum over the
+        chain nodes (c, d), d <= L', of P(the round reaches depth d at c) * distortion(c, d).
+        The token at depth d is emitted from pi whether it is accepted or corrects a rejection;
+        a bonus token is drawn from p and adds 0."""
+        Lp = min(self.L, self.N - len(s))
+        total, frontier = np.zeros(2), {s: 1.0}
+        for d in range(1, Lp + 1):
+            reached = {}
+            for c, w in frontier.items():
+                total = total + w * self.distortion(c, d)
+                cont, _ = self.step(c, d)
+                for x in np.flatnonzero(cont > 0):  # accepted at depth d: go on to depth d+1
+                    reached[c + (int(x),)] = w * cont[x]
+            frontier = reached
+        return total
+
+    @functools.lru_cache(maxsize=None)
     def round_outcomes(self, s: tuple):
         """[(prefix after the round, probability)] for one round started at prefix s."""
         Lp = min(self.L, self.N - len(s))
@@ -98,24 +138,39 @@ class ChainOracle:
         rec(s, 1, 1.0)
         return out
 
+    def _backward(self, terminal, reward):
+        """A(()) for A(s) = reward(s) + sum_{s2} w(s -> s2) A(s2) over the round outcomes, and
+        A(s) = terminal(s) on complete sequences: prefixes only grow, so longest first."""
+        value: dict[tuple, object] = {}
+        for n in range(self.N, -1, -1):
+            for s in itertools.product(range(self.V), repeat=n):
+                if n == self.N:
+                    value[s] = terminal(s)
+                    continue
+                v = reward(s)
+                for s2, w in self.round_outcomes(s).items():
+                    v = v + w * value[s2]  # w > 0: an inf KL stays inf, never 0 * inf
+                value[s] = v
+        return value[()]
+
     def solve(self):
         """(distribution over length-N sequences in lexicographic order, expected rounds)."""
         V, N = self.V, self.N
-        dist: dict[tuple, np.ndarray] = {}
-        rounds: dict[tuple, float] = {}
-        for n in range(N, -1, -1):
-            for s in itertools.product(range(V), repeat=n):
-                if n == N:
-                    v = np.zeros(V**N)
-                    v[_index(s, V)] = 1.0
-                    dist[s], rounds[s] = v, 0.0
-                    continue
-                v, e = np.zeros(V**N), 1.0
-                for s2, w in self.round_outcomes(s).items():
-                    v += w * dist[s2]
-                    e += w * rounds[s2]
-                dist[s], rounds[s] = v, e
-        return dist[()], rounds[()]
+
+        def one_hot(s):
+            v = np.zeros(V**N)
+            v[_index(s, V)] = 1.0
+            return v
+
+        dist = self._backward(one_hot, lambda s: np.zeros(V**N))
+        rounds = self._backward(lambda s: 0.0, lambda s: 1.0)
+        return dist, float(rounds)
+
+    def expected_distortion(self) -> tuple[float, float]:
+        """(E[sum_t TV(pi_t, p_t)], E[sum_t KL(pi_t || p_t)]) over the method's own rounds from
+        the empty prefix: each round adds its round_distortion."""
+        tv, kl = self._backward(lambda s: np.zeros(2), self.round_distortion)
+        return float(tv), float(kl)
 
 
 def _index(seq, V):

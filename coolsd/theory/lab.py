@@ -9,7 +9,7 @@ from coolsd.decoding.rng import SharedRNG
 from coolsd.drafting import SamplingConfig, build_drafter
 from coolsd.generate import speculative_generate
 from coolsd.methods import build_method
-from coolsd.theory.exact import ChainOracle
+from coolsd.theory.exact import ChainOracle, kl_divergence
 from coolsd.theory.stats import total_variation
 from coolsd.theory.tabular import TabularAR
 
@@ -32,27 +32,42 @@ def _method(target, method, draft_length, tree, params):
     return build_method(method, tree=tree, draft_length=draft_length, neighbours=nb, vocab_size=target.V, **params)
 
 
-def exact_stats(target: TabularAR, draft: TabularAR, method: str, draft_length: int, **params) -> dict:
-    """Exact TV to the target's sequence distribution and exact accepted length (N / E[rounds])
-    for chain drafting of ``draft_length`` tokens per round."""
-    _check_pair(target, draft)
-    m = _method(target, method, draft_length, "chain", params)  # validates everything first
-    p_target = target.sequence_distribution()
-    if method == "ar":
-        return {"tv": 0.0, "accepted_length": 1.0, "expected_rounds": float(target.N),
-                "distribution": p_target, "target_distribution": p_target, "params": m.describe()}
+def _oracle(target: TabularAR, draft: TabularAR, method: str, draft_length: int, m) -> ChainOracle:
+    """The independent oracle of the built method ``m``: it takes only data from ``m`` (the omega
+    schedule; the neighbour table is rebuilt from the codebook). ``ar`` drafts nothing: exact_stats
+    answers it directly."""
     if method not in EXACT_METHODS:
         raise ValueError(
             f"exact_stats supports {', '.join(EXACT_METHODS)}; {method!r} carries drafts between rounds, "
             "so its rounds are not a function of the prefix alone: use sample_stats"
         )
     omega = getattr(m.rule, "omega", None)
-    nb = getattr(m.rule, "nb_k1", None)
-    nb = None if nb is None else neighbours_from_codebook(target.codebook)
-    oracle = ChainOracle(target, draft, method, m.params, omega, nb, int(draft_length))
+    nb = None if getattr(m.rule, "nb_k1", None) is None else neighbours_from_codebook(target.codebook)
+    return ChainOracle(target, draft, method, m.params, omega, nb, int(draft_length))
+
+
+def exact_stats(target: TabularAR, draft: TabularAR, method: str, draft_length: int, **params) -> dict:
+    """Exact statistics of chain drafting of ``draft_length`` tokens per round: TV and KL
+    (``kl`` = KL(method || target), inf off the target's support) to the target's sequence
+    distribution, accepted length N / E[rounds], and the expected summed per-token distortion
+    ``expected_step_tv`` = E[sum_t TV(pi_t, p_t)], ``expected_step_kl`` = E[sum_t KL(pi_t || p_t)]
+    (what the loop's per-image sums of step_tv / step_kl estimate; they bound tv / kl,
+    docs/distortion.md)."""
+    _check_pair(target, draft)
+    m = _method(target, method, draft_length, "chain", params)  # validates everything first
+    p_target = target.sequence_distribution()
+    if method == "ar":
+        return {"tv": 0.0, "kl": 0.0, "expected_step_tv": 0.0, "expected_step_kl": 0.0, "accepted_length": 1.0,
+                "expected_rounds": float(target.N), "distribution": p_target, "target_distribution": p_target,
+                "params": m.describe()}
+    oracle = _oracle(target, draft, method, draft_length, m)
     dist, rounds = oracle.solve()
+    step_tv, step_kl = oracle.expected_distortion()
     return {
         "tv": total_variation(dist, p_target),
+        "kl": kl_divergence(dist, p_target),
+        "expected_step_tv": step_tv,
+        "expected_step_kl": step_kl,
         "accepted_length": target.N / rounds,
         "expected_rounds": rounds,
         "distribution": dist,
@@ -67,7 +82,8 @@ def sample_stats(
 ) -> dict:
     """Run the production loop (``speculative_generate`` with the production drafters and
     verification) n times from the empty prefix; empirical sequence distribution and
-    accepted length N / mean(rounds)."""
+    accepted length N / mean(rounds); ``result``: the loop's ``GenerationResult`` (per-token
+    step_tv / step_kl, round lengths)."""
     _check_pair(target, draft)
     m = _method(target, method, draft_length, tree, params)
     sampling = SamplingConfig()
@@ -90,5 +106,6 @@ def sample_stats(
         "tv_to_target": total_variation(counts / n, target.sequence_distribution()),
         "n": n,
         "tokens": res.tokens,
+        "result": res,
         "params": m.describe(),
     }

@@ -36,4 +36,6 @@ def load_world(cfg):
 
     cls = world_class(cfg.target.name)
     require_files(cfg.target.name, cls.missing_files(cfg))
-    return cls.load(cfg)
+    world = cls.load(cfg)
+    world.signals = bool(cfg.get("quality_signals", True))
+    return world

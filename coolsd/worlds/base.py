@@ -56,6 +56,8 @@ class Column(NamedTuple):
 
 SPEED_COLUMNS = (Column("accepted_length", "accepted length"), Column("latency_s", "latency s"),
                  Column("speedup", "speed-up"))
+# the exact distortion and the likelihood shift of what was emitted (issue 15): rank methods at equal speed
+SIGNAL_COLUMNS = (Column("step_tv", "step TV (sum/image)", 2), Column("target_nll_minus_ar", "NLL - AR", 3))
 
 
 class World(ABC):
@@ -68,6 +70,8 @@ class World(ABC):
     warmup: ClassVar[bool] = True  # one untimed batch per method before timing
     # record fields summarised per method as mean [95% CI] over prompts
     record_metrics: ClassVar[tuple[str, ...]] = ("accepted_length", "latency_s", "decode_s", "target_forwards")
+    # quality record fields also reported as a paired difference to ``ar`` (``<key>_minus_ar``, by prompt)
+    paired_metrics: ClassVar[tuple[str, ...]] = ()
     columns: ClassVar[tuple[Column, ...]] = SPEED_COLUMNS  # the printed table
     per_prompt_columns: ClassVar[tuple[str, ...]] = ()  # also print these record fields per prompt
     # the paper's metric -> our column (``make paper-table2``); toy worlds name their toy metrics
@@ -79,6 +83,7 @@ class World(ABC):
     # compile=true: the world runs its target and drafter forwards under torch.compile (coolsd.compiled)
     compiles: ClassVar[bool] = False
     compiled: bool = False  # this loaded world runs compiled (set by worlds that compile)
+    signals: bool = True  # discrete worlds record per-token quality signals (``quality_signals``, set by load_world)
 
     name: str
     device: torch.device
@@ -155,12 +160,28 @@ def image_seconds(fn, device) -> tuple[Any, float]:
     return out, time.perf_counter() - t0
 
 
-def image_distortion(res, b: int) -> dict:
-    """``step_tv`` / ``step_kl``: sample b's sums over its tokens of TV(pi_t, p_t) and KL(pi_t || p_t),
-    the exact distortion of the distribution each token was emitted from (docs/distortion.md); None
-    for trees with siblings (no closed form)."""
+def image_signals(res, b: int) -> dict:
+    """Sample b's quality signals from the loop's per-token record (issue 15):
+
+    * ``step_tv`` / ``step_kl``: sums over its tokens of TV(pi_t, p_t) and KL(pi_t || p_t), the exact
+      distortion of the distribution each token was emitted from (docs/distortion.md); None for
+      trees with siblings (no closed form);
+    * ``target_nll``: mean over tokens of -log p(x_t) under the target's guided distribution (sampling
+      temperature, before top-k / top-p); ``off_support``: the fraction of tokens outside the warped
+      support (a relaxed rule can accept them);
+    * ``token_tv`` (4 significant digits) and ``token_depth`` (the round depth each token was verified
+      at, 0 if drawn from p): per-token arrays for the distortion map and the depth curve
+      (``coolsd.report.distortion``); absent when the signals were not recorded.
+    """
     tv, kl = float(res.step_tv[b].sum()), float(res.step_kl[b].sum())
-    return {"step_tv": None if math.isnan(tv) else tv, "step_kl": None if math.isnan(kl) else kl}
+    nll = float(res.token_nll[b].mean())
+    if math.isnan(nll):  # not recorded (speculative_generate(distortion=False))
+        return {}
+    chain = not math.isnan(tv)
+    return {"step_tv": tv if chain else None, "step_kl": kl if chain else None, "target_nll": nll,
+            "off_support": float(res.token_off_support[b].mean()),
+            "token_tv": [float(f"{x:.4g}") for x in res.step_tv[b].tolist()] if chain else None,
+            "token_depth": [int(x) for x in res.token_depth[b].tolist()]}
 
 
 class DiscreteWorld(World):
@@ -170,7 +191,9 @@ class DiscreteWorld(World):
     neighbourhoods or None) and ``sampling``; every method runs through ``coolsd.generate``."""
 
     family = "discrete"
-    record_metrics = World.record_metrics + ("step_tv", "step_kl")
+    record_metrics = World.record_metrics + ("step_tv", "step_kl", "target_nll", "off_support")
+    paired_metrics = ("step_tv", "step_kl", "target_nll", "off_support")
+    columns = SPEED_COLUMNS + SIGNAL_COLUMNS
     target: Any
     sampling: SamplingConfig
     neighbours: Optional[torch.Tensor] = None
@@ -190,7 +213,7 @@ class DiscreteWorld(World):
 
     def settings(self) -> dict:
         return {"sampling": dataclasses.asdict(self.sampling), "cfg_scale": float(self.cfg_scale),
-                **({"compiled": True} if self.compiled else {})}
+                **({"compiled": True} if self.compiled else {}), **({} if self.signals else {"quality_signals": False})}
 
     def build_method(self, name: str, params: dict, tree="chain", draft_length=None):
         return build_method(name, family=self.family, tree=tree, draft_length=draft_length, neighbours=self.neighbours,
@@ -205,11 +228,11 @@ class DiscreteWorld(World):
             res = speculative_generate(
                 target, target.n_image_tokens, PerSampleRNG(list(seeds)), rule=method.rule, drafter=drafter,
                 tree=method.tree, sampling=self.sampling, cond=cond, batch_size=len(seeds),
-                sync=device_sync(self.device))
+                sync=device_sync(self.device), distortion=self.signals)
             imgs, decode_s = image_seconds(lambda: per_sample(self.decode_uint8, res.tokens), self.device)
         return [Sample({"round_lengths": res.round_lengths[b], "accepted_length": res.accepted_length(b),
                         "target_forwards": res.target_forwards[b], "draft_forwards": res.draft_forwards,
-                        "latency_s": res.seconds, "decode_s": decode_s, **image_distortion(res, b)}, imgs[b])
+                        "latency_s": res.seconds, "decode_s": decode_s, **image_signals(res, b)}, imgs[b])
                 for b in range(len(seeds))]
 
 

@@ -18,7 +18,7 @@ from coolsd.decoding.lantern import neighbours_from_codebook
 from coolsd.drafters.eagle import EagleDrafter, load_eagle_head
 from coolsd.drafting import SamplingConfig
 from coolsd.models.llamagen import LlamaGenTarget
-from coolsd.worlds.base import SPEED_COLUMNS, Column, DiscreteWorld, draft_kind
+from coolsd.worlds.base import SIGNAL_COLUMNS, SPEED_COLUMNS, Column, DiscreteWorld, draft_kind
 
 DRAFTS = ("shipped", "self", "eagle")
 TOY_COLUMNS = (Column("toy_clip", "toy_clip"), Column("toy_fid", "toy_fid", 1))
@@ -33,6 +33,11 @@ def _toy_features(assets_dir: Optional[str], sha256: str):
     return toy_feature_extractor(assets_dir, sha256)
 
 
+def toy_extractor(files: dict):
+    """The toy feature network a run's ``files()`` name (checked by sha256), loaded once."""
+    return _toy_features(files.get("assets_dir"), files["assets"][FEATURES])
+
+
 def toy_quality(outputs: dict, prompts: list, assets_dir: Optional[str], features_sha256: str) -> dict:
     """toy_clip / toy_fid (and their paired differences to ``ar``) of every method, with the
     toy feature network the run names (checked by sha256), when the prompts are toy scenes; {}
@@ -42,7 +47,7 @@ def toy_quality(outputs: dict, prompts: list, assets_dir: Optional[str], feature
 
     if not prompts or not all(isinstance(p, Scene) for p in prompts):
         return {}
-    extractor = _toy_features(assets_dir, features_sha256)
+    extractor = toy_extractor({"assets_dir": assets_dir, "assets": {FEATURES: features_sha256}})
     return quality(extractor, {tag: imgs for tag, (_, imgs) in outputs.items()}, prompts)
 
 
@@ -53,7 +58,7 @@ def toy_reference(prompts: list) -> Optional[np.ndarray]:
 
 
 class ToyWorld(DiscreteWorld):
-    columns = SPEED_COLUMNS + (Column("step_tv", "step TV (sum/image)", 2),) + TOY_COLUMNS
+    columns = SPEED_COLUMNS + SIGNAL_COLUMNS + TOY_COLUMNS
     paper_metrics = TOY_PAPER_METRICS
     quality_reads_images = True
 

@@ -1,0 +1,105 @@
+"""What issue 15's per-token quality signals cost: decode time on the toy world with them
+(``speculative_generate(distortion=True)``: exact distortion, target NLL, off-support, depth) and
+without, side by side in one run. Every prompt group is decoded twice with the same seeds,
+interleaved, the order alternating per group so drift hits both alike; overhead = sum(latency on) /
+sum(latency off) - 1 over the groups, with the paired per-group median beside it. Goal: < 5%.
+
+    python benchmarks/signal_overhead.py                       # eager and compiled, batch 1 and 16
+    python benchmarks/signal_overhead.py --modes eager --prompts 8
+
+Writes results/speed/signal_overhead.{md,json}.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from coolsd.decoding.rng import PerSampleRNG
+from coolsd.drafting import build_drafter
+from coolsd.generate import speculative_generate
+from coolsd.job import prompt_seed
+from coolsd.records import write_json_atomic
+from coolsd.runner import compose
+from coolsd.timing import cpu_name
+from coolsd.worlds import load_world
+
+ROOT = Path(__file__).resolve().parents[1]
+METHODS = {
+    "coolsd_2": ("coolsd", {"delta": 2.0}),
+    "uniform_rsd_2": ("uniform_rsd", {"delta": 2.0}),
+    "lantern_pp": ("lantern_pp", {"lam": 2.0, "k": 10}),
+    "lantern_pp_gstar": ("lantern_pp", {"lam": 2.0, "k": 10, "resample": "gstar"}),
+    "eagle": ("eagle", {}),
+}
+
+
+def decode(world, method, cond, seeds, signals: bool) -> float:
+    t = world.target
+    drafter = build_drafter(method, world.drafter() if method.drafter == "model" else None, world.sampling, t.vocab_size)
+    with torch.no_grad():
+        res = speculative_generate(t, t.n_image_tokens, PerSampleRNG(list(seeds)), rule=method.rule, drafter=drafter,
+                                   tree=method.tree, sampling=world.sampling, cond=cond, batch_size=len(seeds),
+                                   distortion=signals)
+    return res.seconds
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--modes", default="eager,compiled")
+    ap.add_argument("--batches", default="1,16")
+    ap.add_argument("--prompts", type=int, default=12, help="prompt groups per batch size")
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=ROOT / "results" / "speed")
+    a = ap.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    batches = [int(b) for b in a.batches.split(",")]
+    tags = a.methods.split(",")
+    rows = []
+    for mode in a.modes.split(","):
+        cfg = compose("target=toy", f"dataset.n_prompts={max(batches) * a.prompts}", f"compile={str(mode == 'compiled').lower()}")
+        world = load_world(cfg)
+        scenes = world.prompts(cfg)
+        methods = {t: world.build_method(METHODS[t][0], dict(METHODS[t][1]), "chain", 4) for t in tags}
+        for B in batches:
+            t0 = time.perf_counter()
+            cond = world.encode([s.caption for s in scenes[:B]])
+            for t in tags:  # warm-up: every graph of both variants compiled before timing
+                for on in (True, False):
+                    decode(world, methods[t], cond, [prompt_seed(0, i) for i in range(B)], on)
+            print(f"[{mode} batch {B}] warm-up {time.perf_counter() - t0:.1f} s", flush=True)
+            lat = {t: {True: [], False: []} for t in tags}
+            for g in range(a.prompts):
+                idx = range(g * B, (g + 1) * B)
+                cond = world.encode([scenes[i].caption for i in idx])
+                seeds = [prompt_seed(0, i) for i in idx]
+                for t in tags:
+                    for on in ((True, False) if g % 2 == 0 else (False, True)):
+                        lat[t][on].append(decode(world, methods[t], cond, seeds, on))
+            for t in tags:
+                on, off = lat[t][True], lat[t][False]
+                r = {"mode": mode, "batch": B, "method": t, "ms_off": 1e3 * sum(off) / len(off) / B,
+                     "ms_on": 1e3 * sum(on) / len(on) / B, "overhead": sum(on) / sum(off) - 1,
+                     "paired_median": statistics.median(x / y - 1 for x, y in zip(on, off))}
+                rows.append(r)
+                print(f"{mode:8s} batch {B:2d} {t:18s} {r['ms_off']:7.1f} -> {r['ms_on']:7.1f} ms/image  "
+                      f"{100 * r['overhead']:+6.2f}% (paired median {100 * r['paired_median']:+6.2f}%)", flush=True)
+    lines = [f"Per-token quality signals (issue 15) on the toy world: decode time with and without, side by side, "
+             f"{a.prompts} prompt groups per batch size, chain L=4, {cpu_name()}, {a.threads} thread(s). Produced by "
+             "`python benchmarks/signal_overhead.py`. Goal: < 5%.", "",
+             "| mode | batch | method | ms / image without | with | overhead | paired median |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['mode']} | {r['batch']} | {r['method']} | {r['ms_off']:.1f} | {r['ms_on']:.1f} | "
+              f"{100 * r['overhead']:+.1f}% | {100 * r['paired_median']:+.1f}% |" for r in rows]
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "signal_overhead.md").write_text("\n".join(lines) + "\n")
+    write_json_atomic({"cpu": cpu_name(), "threads": a.threads, "prompts": a.prompts, "rows": rows},
+                      a.out / "signal_overhead.json")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
