@@ -225,9 +225,12 @@ def main(argv=None):
                         "lab": {c: lab_answer(A, B, lab, c) for c in ("expected_step_tv", "tv")}})
 
     env = res["env"]
+    # decode time from the records themselves (a batch's latency, shared by its records), so that a resumed
+    # invocation reports the whole run's generation, not its own
+    decode_min = sum(r["latency_s"] / r.get("batch_size", 1) for recs, _ in outputs.values() for r in recs) / 60
     lines = ["# The paper's claims, tested on the toy world", "",
              f"{a.prompts} prompts, chain L = 4, batch {a.batch_size}, {env['cpu']}; every configuration and AR in one run "
-             f"(same prompts and seeds); generation {env['generation_seconds'] / 60:.0f} min. Produced by `make claims` "
+             f"(same prompts and seeds); {decode_min:.0f} min of decoding. Produced by `make claims` "
              "(benchmarks/claims.py, whose docstring gives the protocol). A beats B means: at the accepted length A "
              "reaches, A's quality loss is smaller than B's (B interpolated in accepted length, differences paired by "
              "prompt, 95% CIs). step_tv / step_kl: the exact distortion of each emitted token's distribution, summed over "
