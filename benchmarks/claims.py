@@ -32,8 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from coolsd.metrics.fid import feature_statistics, frechet_distance_sym, sqrt_psd
-from coolsd.metrics.toy import caption_attributes, toy_clip_scores
+from coolsd.metrics.toy import caption_attributes, paired_fid_contrast_ci, toy_clip_scores
 from coolsd.records import write_json_atomic
 from coolsd.report.sweep import ROOT, toy_sweep
 from coolsd.stats import mean_ci
@@ -83,22 +82,6 @@ def bracket(t_a: float, points: list[str], tau: dict):
     return None
 
 
-def fid_difference(feats: dict, ref: np.ndarray, a: str, b0: str, b1: str, w: float, n_resamples: int = 200,
-                   seed: int = 0) -> dict:
-    """FID(a) - [(1 - w) FID(b0) + w FID(b1)], paired bootstrap over prompts (all on the same rows)."""
-    def diff(idx):
-        mu_r, sig_r = feature_statistics(ref[idx])
-        sq = sqrt_psd(sig_r)
-        f = {t: frechet_distance_sym(*feature_statistics(feats[t][idx]), mu_r, sig_r, sqrt_sigma2=sq) for t in (a, b0, b1)}
-        return f[a] - ((1 - w) * f[b0] + w * f[b1])
-
-    n = len(ref)
-    rng = np.random.default_rng(seed)
-    boots = np.array([diff(rng.integers(0, n, n)) for _ in range(n_resamples)])
-    lo, hi = np.quantile(boots, [0.025, 0.975])
-    return {"mean": float(diff(np.arange(n))), "ci95": [float(lo), float(hi)], "n": n}
-
-
 def compare(a_curve: str, b_curve: str, tau: dict, per_prompt: dict, feats: dict, ref) -> list[dict]:
     """One row per point of A inside B's accepted-length range: the paired difference A - B(interp)."""
     rows = []
@@ -109,8 +92,9 @@ def compare(a_curve: str, b_curve: str, tau: dict, per_prompt: dict, feats: dict
         b0, b1, w = br
         row = {"a": a, "accepted_length": tau[a], "b0": b0, "b1": b1, "w": w}
         for m in METRICS:
-            if m == "toy_fid":
-                row[m] = fid_difference(feats, ref, a, b0, b1, w)
+            if m == "toy_fid":  # FID(a) - [(1 - w) FID(b0) + w FID(b1)], on the same resampled prompts
+                c = paired_fid_contrast_ci(feats, {a: 1.0, b0: -(1 - w), b1: -w}, ref)
+                row[m] = {"mean": c["diff"], "ci95": [c["lo"], c["hi"]], "n": c["n"]}
             elif all(per_prompt[m].get(t) is not None for t in (a, b0, b1)):
                 y = per_prompt[m]
                 row[m] = mean_ci(y[a] - ((1 - w) * y[b0] + w * y[b1]))

@@ -143,7 +143,6 @@ def _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_
         root = sample_inverse_cdf(sampling.probs(prefill.logits[:, -1]), u0)
         out[:, 0] = root
         n_out += 1
-        first_nll = emitted_nll(prefill.logits[:, -1:], root.unsqueeze(1), sampling)[:, 0]
     else:
         root = torch.full((B,), int(bos_token), dtype=torch.long)
     n_out0 = 0 if bos_token is not None else 1
@@ -156,8 +155,8 @@ def _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_
     # per-token signals, channels TOKEN_SIGNALS; the first token comes from p (no distortion, on the
     # support, depth 0); NaN throughout if not asked for
     dist = torch.full((B, len(TOKEN_SIGNALS), buf.shape[1]), 0.0 if distortion else float("nan"), dtype=torch.float64)
-    if distortion and bos_token is None:
-        dist[:, NLL, 0] = first_nll.to(dist.dtype)
+    if distortion and bos_token is None:  # the first token's NLL, from the prefill's logits
+        dist[:, NLL, 0] = emitted_nll(prefill.logits[:, -1:], out[:, :1], sampling)[:, 0].to(dist.dtype)
     round_log: list[torch.Tensor] = []
     t_len = torch.zeros(B, dtype=torch.long)  # committed target entries after the condition
     n1 = tree.n_nodes + 1
@@ -255,8 +254,7 @@ def verify_round(target, tokens, t_len, tree: Tree, q, rule: Rule, u_accept, u_e
     write = cols < n_new.unsqueeze(1)
     where = torch.where(write, n_out.unsqueeze(1) + cols, n_tokens + D)  # dump column
     buf.scatter_(1, where, torch.where(write, vals, 0))
-    # the distortion of each emitted token (docs/distortion.md): the token at round depth j was verified at
-    # depth j if j <= max_depth; past it (bonus token, the image's end) it was drawn from p
+    # each written token's quality signals (_round_signals) go to the same columns of ``dist``
     if dist is not None:  # None: not asked for (speculative_generate(distortion=False)), left NaN
         signals = _round_signals(step.logits, p, q, v, vals, tree, rule, max_depth, sampling, dist.dtype)
         C = signals.shape[1]

@@ -29,6 +29,7 @@ from typing import Optional
 import torch
 
 from coolsd.compiled import compiling
+from coolsd.decoding import lantern as _lantern
 from coolsd.decoding.rules import ExactRule, LanternRule, Rule, ScaledRule, acceptance_prob, gstar_residual
 from coolsd.decoding.sampling import _TINY, normalize
 
@@ -42,16 +43,14 @@ def emitted_distribution(rule: Rule, p: torch.Tensor, q: torch.Tensor, depth: in
         return p  # a = p: lossless, pi = p exactly (formula (2) would leave rounding residue)
     # LANTERN (gstar): a = p~ over the vocabulary, as rule.numerator computes it but cheaper
     a = _aggregate_all(rule, p)[0] if isinstance(rule, LanternRule) else rule.numerator(p, depth)
+    return _gstar_emitted(p, q, a)
+
+
+def _gstar_emitted(p: torch.Tensor, q: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """pi = min(q, a) + beta Norm(G*), formula (2) of docs/distortion.md, for any numerator a (..., V)."""
     accepted = torch.minimum(q, a)  # q(y) f(y) = min(q(y), a(y)) wherever q(y) > 0
     beta = (1 - accepted.sum(-1, keepdim=True)).clamp(min=0)
     return accepted + beta * normalize(gstar_residual(p, q, a), p)
-
-
-def _at_neighbours(v: torch.Tensor, nb: torch.Tensor) -> torch.Tensor:
-    """v (N, V) at every token's neighbours nb (V, m): (N, V, m), v[n, nb[x, j]] at [n, x, j].
-    One index_select with the flat (V m,) index: no (N, V, m) index tensor is materialised
-    (``v[:, nb]`` and ``gather`` with an expanded index cost 3-5x more on the CPU)."""
-    return v.index_select(1, nb.reshape(-1)).view(v.shape[0], *nb.shape)
 
 
 # neighbour columns of the first block of the eager early-exit aggregation (_aggregate_all)
@@ -59,29 +58,23 @@ _FIRST_BLOCK = 16
 
 
 def _aggregate_all(rule: LanternRule, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(p~, relaxed) at every token, each (N, V): the values of ``coolsd.decoding.lantern.aggregate(p,
-    rule.nb_k, None, ...)`` (== ``rule.numerator``) bit for bit, at a fraction of the cost
-    (docs/distortion.md, LANTERN's own resampling).
-
-    Invariants that make it exact: c_m = sum_{j<=m} p(n_j(x)) is non-decreasing in m, so the
-    admissible m (c_m <= budget) form a prefix and m* is their count. With k <= 32 (LANTERN++'s
-    k = 10) or compiled (static shapes, no host reads), every column is read at once and summed by
-    the same ``cumsum`` in p's dtype that the rule runs on its draft's row. In eager mode with a
-    larger k (LANTERN's k = 1000) the columns come in blocks (16, then doubling), each computed only
-    for the (row, token) pairs whose prefix is still admissible through the previous block, from
-    their float64 partial sum: the CPU's ``cumsum`` of a float32 tensor accumulates in float64 and
-    rounds each partial sum, so this reproduces it, and most neighbours are never read."""
+    """(p~, relaxed) at every token, each (N, V): ``coolsd.decoding.lantern.aggregate(p, rule.nb_k,
+    None, ...)`` (== ``rule.numerator``), which it calls with k <= 32 (LANTERN++'s k = 10) or
+    compiled (static shapes, no host reads). In eager mode with a larger k (LANTERN's k = 1000) it
+    gives the same values bit for bit at a fraction of the cost: c_m = sum_{j<=m} p(n_j(x)) is
+    non-decreasing in m, so the admissible m (c_m <= budget) form a prefix and m* is their count;
+    the neighbour columns come in blocks (16, then doubling), each computed only for the (row,
+    token) pairs whose prefix is still admissible through the previous block, from their float64
+    partial sum (the CPU's ``cumsum`` of a float32 tensor accumulates in float64 and rounds each
+    partial sum, so this reproduces it), and most neighbours are never read."""
     nb = rule.nb_k
     N, V = p.shape
     k = nb.shape[1]
+    if compiling() or k <= 2 * _FIRST_BLOCK:  # every column at once: the rule's own aggregation
+        return _lantern.aggregate(p, nb, None, lam=rule.lam, delta=rule.delta)
     budget = (rule.lam - 1) * p if rule.lam is not None else torch.full_like(p, rule.delta)
-    if compiling() or k <= 2 * _FIRST_BLOCK:  # every column at once, in p's dtype: the rule's own cumsum
-        c = _at_neighbours(p, nb).cumsum(-1)  # (N, V, k): c_1..c_k, non-decreasing
-        count = torch.searchsorted(c, budget.unsqueeze(-1), right=True).squeeze(-1)  # #{m: c_m <= budget} = m*
-        c_star = c.gather(-1, (count - 1).clamp(min=0).unsqueeze(-1)).squeeze(-1)
-        return p + torch.where(count > 0, c_star, torch.zeros_like(c_star)), count > 0
     first = _FIRST_BLOCK
-    c = _at_neighbours(p, nb[:, :first]).to(torch.float64).cumsum(-1)  # (N, V, first): c_1..c_first
+    c = _lantern.at_neighbours(p, nb[:, :first]).to(torch.float64).cumsum(-1)  # (N, V, first): c_1..c_first
     count = (c.to(p.dtype) <= budget.unsqueeze(-1)).sum(-1)
     relaxed = count > 0  # m* > 0
     c_star = torch.where(relaxed, c.gather(-1, (count - 1).clamp(min=0).unsqueeze(-1)).squeeze(-1), 0.0)
@@ -123,7 +116,7 @@ def _lantern_emitted(rule: LanternRule, p: torch.Tensor, q: torch.Tensor) -> tor
     if everyone:  # the sums over N(x) are the total less x's own term: O(V), not O(V^2)
         gain = m.sum(-1, keepdim=True) - m
     else:
-        gain = _at_neighbours(m, nb1).sum(-1)  # (N, V): sum_{y in N(x)} min(p, q)(y)
+        gain = _lantern.at_neighbours(m, nb1).sum(-1)  # (N, V): sum_{y in N(x)} min(p, q)(y)
     s = r0.sum(-1, keepdim=True) + torch.where(relaxed, gain, torch.zeros_like(gain))  # (N, V): mass of r_x
     ok = s > _TINY
     c = torch.where(ok, w / torch.where(ok, s, torch.ones_like(s)), torch.zeros_like(s))  # weight of Norm(r_x)
@@ -165,37 +158,19 @@ def chain_distortion(rule: Rule, p: torch.Tensor, q: torch.Tensor, depth: int,
     P, Q = p[:, :depth], q[:, 1 : depth + 1].to(p.dtype)  # (B, D, V)
     if isinstance(rule, ScaledRule):  # cheap rows: every depth at once, omega_d broadcast over the batch
         w = torch.tensor(omega, dtype=P.dtype, device=P.device).view(1, depth, 1)
-        pi = _scaled_emitted(P, Q, w)
+        pi = torch.where(w == 1.0, P, _gstar_emitted(P, Q, w * P))  # a = p at that depth: exactly p
         return tv(pi, P), kl(pi, P)
+    if not isinstance(rule, LanternRule):  # any other rule: depth by depth
+        pi = torch.stack([emitted_distribution(rule, P[:, d - 1], Q[:, d - 1], d) for d in range(1, depth + 1)], 1)
+        return tv(pi, P), kl(pi, P)
+    # LANTERN: depth-independent, O(V k) a row; eager computes only the rows the round emitted
     P, Q = P.reshape(B * depth, V), Q.reshape(B * depth, V)
-    d = torch.arange(1, depth + 1).repeat(B)  # (B * depth,) each row's depth
-    # skipping rows pays only where a row is costly (LANTERN: O(V k)); elsewhere the selection's own ops cost more
-    skip = need is not None and isinstance(rule, LanternRule) and not compiling()
-    rows = need.reshape(-1).nonzero().squeeze(1) if skip else None
+    rows = need.reshape(-1).nonzero().squeeze(1) if need is not None and not compiling() else None
     if rows is not None:
-        P, Q, d = P[rows], Q[rows], d[rows]
-    pi = _emitted_rows(rule, P, Q, d, depth)
+        P, Q = P[rows], Q[rows]
+    pi = emitted_distribution(rule, P, Q, 1)
     tv_r, kl_r = tv(pi, P), kl(pi, P)
     if rows is not None:
         tv_r = P.new_zeros(B * depth).index_copy_(0, rows, tv_r)
         kl_r = P.new_zeros(B * depth).index_copy_(0, rows, kl_r)
     return tv_r.view(B, depth), kl_r.view(B, depth)
-
-
-def _scaled_emitted(P: torch.Tensor, Q: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """pi of a scaled rule (a = omega p), formula (2) of docs/distortion.md; exactly p where omega = 1."""
-    accepted = torch.minimum(Q, w * P)
-    beta = (1 - accepted.sum(-1, keepdim=True)).clamp(min=0)
-    pi = accepted + beta * normalize(torch.clamp(P - accepted, min=0.0), P)
-    return torch.where(w == 1.0, P, pi)  # a = p at that depth: lossless, exactly p
-
-
-def _emitted_rows(rule: Rule, P: torch.Tensor, Q: torch.Tensor, d: torch.Tensor, depth: int) -> torch.Tensor:
-    """pi (M, V) of rows P, Q (M, V) verified at depths d (M,) in 1..depth."""
-    if isinstance(rule, LanternRule):  # depth-independent: every row as one batch
-        return emitted_distribution(rule, P, Q, 1)
-    out = torch.empty_like(P)
-    for j in range(1, depth + 1):
-        at = d == j
-        out[at] = emitted_distribution(rule, P[at], Q[at], j)
-    return out

@@ -34,15 +34,22 @@ def aggregate(
     the admissible m form a prefix, so m* = their count.
     """
     if tokens is None:
-        nb = neighbours.unsqueeze(0).expand(p.shape[0], -1, -1)  # (B, V, k)
+        c = at_neighbours(p, neighbours).cumsum(-1)  # (B, V, k)
         px = p
     else:
         nb = neighbours[tokens]  # (B, k)
         px = p.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-    c = torch.gather(p, -1, nb.flatten(-2 if tokens is None else -1)).view(nb.shape).cumsum(-1)
+        c = torch.gather(p, -1, nb).cumsum(-1)
     budget = (lam - 1) * px.unsqueeze(-1) if lam is not None else torch.full_like(px, delta).unsqueeze(-1)
     count = (c <= budget).sum(-1)
     c_star = torch.where(
         count > 0, c.gather(-1, (count - 1).clamp(min=0).unsqueeze(-1)).squeeze(-1), torch.zeros_like(px)
     )
     return px + c_star, count > 0
+
+
+def at_neighbours(v: torch.Tensor, nb: torch.Tensor) -> torch.Tensor:
+    """v (N, V) at every token's neighbours nb (V, m): (N, V, m), v[n, nb[x, j]] at [n, x, j].
+    One index_select with the flat (V m,) index: no (N, V, m) index tensor is materialised
+    (``v[:, nb]`` and ``gather`` with an expanded index cost 3-5x more on the CPU)."""
+    return v.index_select(1, nb.reshape(-1)).view(v.shape[0], *nb.shape)

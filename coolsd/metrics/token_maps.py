@@ -39,20 +39,22 @@ def distortion_map(records: list[dict]) -> np.ndarray | None:
     """(rows, cols) mean token_tv over the records that have per-token values; None if none do
     (or the image is not a square grid)."""
     got = _token_rows(records)
-    if got is None:
-        return None
-    tv = got[0]
-    grid = token_grid(tv.shape[1])
-    return None if grid is None else tv.mean(0).reshape(grid)
+    return None if got is None else _map(got[0])
 
 
 def depth_curve(records: list[dict]) -> dict | None:
     """{"depth": [1..L], "mean_tv": [...], "count": [...]}: mean token_tv of the tokens verified at
     each depth (tokens drawn from p, depth 0, excluded); None without per-token values or drafts."""
     got = _token_rows(records)
-    if got is None:
-        return None
-    tv, depth = got
+    return None if got is None else _curve(*got)
+
+
+def _map(tv: np.ndarray) -> np.ndarray | None:
+    grid = token_grid(tv.shape[1])
+    return None if grid is None else tv.mean(0).reshape(grid)
+
+
+def _curve(tv: np.ndarray, depth: np.ndarray) -> dict | None:
     depths = sorted(int(d) for d in np.unique(depth) if d > 0)
     if not depths:
         return None
@@ -63,9 +65,10 @@ def depth_curve(records: list[dict]) -> dict | None:
 def distortion_figure(records_by_tag: dict, path: Path, title: str = "") -> Path | None:
     """One distortion map per method with drafted tokens (shared colour scale) and the depth
     curves; PNG at ``path``. None (nothing written) if no method has per-token values."""
-    maps = {t: distortion_map(r) for t, r in records_by_tag.items()}
-    curves = {t: depth_curve(r) for t, r in records_by_tag.items()}
-    tags = [t for t in records_by_tag if maps[t] is not None and curves[t] is not None]
+    arrays = {t: got for t, r in records_by_tag.items() if (got := _token_rows(r)) is not None}
+    maps = {t: _map(tv) for t, (tv, _) in arrays.items()}
+    curves = {t: _curve(tv, depth) for t, (tv, depth) in arrays.items()}
+    tags = [t for t in arrays if maps[t] is not None and curves[t] is not None]
     if not tags:
         return None
     import matplotlib

@@ -106,32 +106,47 @@ def paired_fid_difference_ci(
     seed: int = 0,
     confidence: float = 0.95,
 ) -> dict:
-    """toy FID(a) - toy FID(b) with a paired bootstrap over prompts: row i of all three arrays
-    belongs to prompt i (a and b generated for it, ref rendered from it); each resample draws
-    prompt indices with replacement and recomputes both distances on the same rows, so the
-    finite-n bias, which is the same for a and b, cancels in the difference. ``lo``/``hi`` are
-    the bootstrap percentiles of the difference: an interval containing 0 means "within noise".
+    """toy FID(a) - toy FID(b) with a paired bootstrap over prompts (``paired_fid_contrast_ci``
+    with weights +1, -1): an interval containing 0 means "within noise".
 
     Returns {"diff", "lo", "hi", "n", "n_resamples", "seed", "confidence"}.
     """
-    a, b, r = _as_float64(features_a), _as_float64(features_b), _as_float64(features_ref)
-    if not len(a) == len(b) == len(r):
-        raise ValueError(f"paired features need equal rows, got {len(a)}, {len(b)}, {len(r)}")
+    return paired_fid_contrast_ci({"a": features_a, "b": features_b}, {"a": 1.0, "b": -1.0}, features_ref,
+                                  n_resamples=n_resamples, seed=seed, confidence=confidence)
+
+
+def paired_fid_contrast_ci(features: dict, weights: dict, features_ref, n_resamples: int = 200, seed: int = 0,
+                           confidence: float = 0.95) -> dict:
+    """sum_t weights[t] * toy FID(features[t]) with a paired bootstrap over prompts: row i of every
+    array belongs to prompt i (each set generated for it, ref rendered from it); each resample
+    draws prompt indices with replacement and recomputes every distance on the same rows, so the
+    finite-n bias, shared by the sets, cancels in a contrast whose weights sum to 0 (a difference
+    a - b; a point against B interpolated between two configurations, ``make claims``). ``lo`` /
+    ``hi`` are the bootstrap percentiles of the contrast.
+
+    Returns {"diff", "lo", "hi", "n", "n_resamples", "seed", "confidence"}.
+    """
+    feats = {t: _as_float64(features[t]) for t in weights}
+    r = _as_float64(features_ref)
+    if any(len(x) != len(r) for x in feats.values()):
+        raise ValueError(f"paired features need equal rows, got {[len(x) for x in feats.values()]} and {len(r)}")
     if n_resamples < 2:
         raise ValueError(f"n_resamples must be >= 2, got {n_resamples}")
-    point = fid_from_features(a, r) - fid_from_features(b, r)
-    rng = np.random.default_rng(seed)
-    diffs = np.empty(n_resamples)
-    for i in range(n_resamples):
-        idx = rng.integers(0, len(a), len(a))
+
+    def contrast(idx=None):
+        if idx is None:
+            return sum(w * fid_from_features(feats[t], r) for t, w in weights.items())
         mu_r, sig_r = feature_statistics(r[idx])
         sq = sqrt_psd(sig_r)
-        da = frechet_distance_sym(*feature_statistics(a[idx]), mu_r, sig_r, sqrt_sigma2=sq)
-        db = frechet_distance_sym(*feature_statistics(b[idx]), mu_r, sig_r, sqrt_sigma2=sq)
-        diffs[i] = da - db
+        return sum(w * frechet_distance_sym(*feature_statistics(feats[t][idx]), mu_r, sig_r, sqrt_sigma2=sq)
+                   for t, w in weights.items())
+
+    point = contrast()
+    rng = np.random.default_rng(seed)
+    boots = np.array([contrast(rng.integers(0, len(r), len(r))) for _ in range(n_resamples)])
     alpha = (1 - confidence) / 2
-    lo, hi = np.quantile(diffs, [alpha, 1 - alpha])
-    return {"diff": float(point), "lo": float(lo), "hi": float(hi), "n": len(a), "n_resamples": n_resamples,
+    lo, hi = np.quantile(boots, [alpha, 1 - alpha])
+    return {"diff": float(point), "lo": float(lo), "hi": float(hi), "n": len(r), "n_resamples": n_resamples,
             "seed": seed, "confidence": confidence}
 
 

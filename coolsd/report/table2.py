@@ -21,7 +21,7 @@ from coolsd.report.compare import paired_comparison
 from coolsd.report.paper import TABLE2_COLUMNS, table2_rows, tag_of
 from coolsd.report.plots import pareto_plot
 from coolsd.report.real_sweep import missing_inputs, real_table2_sweep, row_configs
-from coolsd.report.sweep import ROOT, sweep_frame, toy_sweep
+from coolsd.report.sweep import ROOT, ci_text, sweep_frame, toy_sweep
 from coolsd.worlds import world_class
 
 SPEED = {c: c for c in ("accepted_length", "latency_s", "speedup")}
@@ -89,7 +89,7 @@ def build_table(target: str, table: dict) -> pd.DataFrame:
             row[f"{col}_diff"] = row[f"{col}_ours"] - r["paper"][col] if both else None
         for name in SIGNALS:  # ours only: the paper reports no such number
             have = name in df.columns and pd.notna(df.loc[tag, name])
-            row[name] = [float(df.loc[tag, k]) for k in (name, name + "_lo", name + "_hi")] if have else None
+            row.update({k: float(df.loc[tag, k]) if have else None for k in (name, name + "_lo", name + "_hi")})
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -103,10 +103,6 @@ def _cell(r, col, latex=False):
     d = r[f"{col}_diff"]
     diff = "" if d is None or pd.isna(d) else f" ({'+' if d >= 0 else ''}{fmt.format(d)})"
     return ours, paper + diff
-
-
-def _signal_cell(v, fmt: str) -> str:
-    return "-" if v is None or (isinstance(v, float) and pd.isna(v)) else f"{fmt.format(v[0])} [{fmt.format(v[1])}, {fmt.format(v[2])}]"
 
 
 def write_tables(df: pd.DataFrame, out: Path) -> None:
@@ -123,7 +119,7 @@ def write_tables(df: pd.DataFrame, out: Path) -> None:
            "target & method & " + " & ".join(f"{ours_header(c)} & paper".replace("_", r"\_") for c in cols) + r" \\", r"\midrule"]
     for _, r in df.iterrows():
         cells = [_cell(r, c) for c in cols]
-        sig = [_signal_cell(r[k], "{:+.4f}" if k.endswith("minus_ar") else "{:.2f}") for k in SIGNALS]
+        sig = [ci_text(r, k, "{:+.4f}" if k.endswith("minus_ar") else "{:.2f}") for k in SIGNALS]
         md.append(f"| {r['target']} | {r['method']} | " + " | ".join(f"{o} | {p}" for o, p in cells) + " | "
                   + " | ".join(sig) + " |")
         esc = lambda s: s.replace("_", r"\_").replace("[", "{[}").replace("]", "{]}")  # noqa: E731
