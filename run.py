@@ -1,13 +1,17 @@
-"""coolsd entry point: `python run.py method=coolsd method.delta=2.0` (Hydra overrides)."""
+"""coolsd entry point: `python run.py method=coolsd method.delta=2.0` (Hydra overrides).
+
+A wrong configuration or input stops with one or two lines naming the key or file and exit
+status 2 (``coolsd.runner.one_line_errors``); HYDRA_FULL_ERROR=1 or COOLSD_VERBOSE=1 shows the traceback."""
 import hydra
 from omegaconf import DictConfig
 
-from coolsd.runner import run
+from coolsd.runner import one_line_errors, run
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    run(cfg)
+    with one_line_errors():
+        run(cfg)
 
 
 if __name__ == "__main__":

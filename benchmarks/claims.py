@@ -16,7 +16,8 @@ accepted lengths (their CIs are narrow at this n; their uncertainty is not propa
 difference y_a(i) - y_B(i) is paired by prompt (mean, Student-t 95% CI). toy_fid is a set
 statistic: its difference FID(a) - [(1 - w) FID(b0) + w FID(b1)] gets a paired bootstrap over
 prompts. Metrics: ``step_tv`` / ``step_kl`` (exact distortion summed over the image,
-docs/distortion.md), ``target_nll`` (the target's NLL of what was emitted), toy_clip, toy_fid.
+docs/distortion.md), ``target_nll`` (the target's NLL of what was emitted), ``target_nll_expected``
+(its exact expectation given what preceded each draw: the same mean, less noise), toy_clip, toy_fid.
 
 Verdict per claim and metric: "supported" if some comparison favours A with a CI excluding 0 and
 none favours B; "contradicted" if the reverse; "mixed" if both happen; "unresolved at this n" if no
@@ -65,7 +66,8 @@ CLAIMS = [
     ("toward_one beats uniform", "coolsd toward_one", "uniform_rsd"),
 ]
 LAB_CURVES = {"lantern_pp": "lantern_pp k=2", "lantern_pp +G*": "lantern_pp k=2 +G*"}
-METRICS = {"step_tv": -1, "step_kl": -1, "target_nll": -1, "toy_clip": +1, "toy_fid": -1}  # sign: higher is better
+METRICS = {"step_tv": -1, "step_kl": -1, "target_nll": -1, "target_nll_expected": -1, "toy_clip": +1,
+           "toy_fid": -1}  # sign: higher is better
 
 
 def curve_points(curve: str, tau: dict) -> list[str]:
@@ -152,7 +154,7 @@ def plot(tau: dict, table: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    metrics = ["step_tv", "target_nll_minus_ar", "toy_clip", "toy_fid"]
+    metrics = ["step_tv", "target_nll_expected_minus_ar", "toy_clip", "toy_fid"]
     fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4.2), layout="constrained")
     for ax, m in zip(axes, metrics):
         for curve in CURVES:
@@ -196,7 +198,7 @@ def main(argv=None):
     for tag, (recs, imgs) in outputs.items():
         f, preds = extractor.features_and_predictions(imgs)
         feats[tag], per_prompt["toy_clip"][tag] = f, toy_clip_scores(preds, attrs)
-        for m in ("step_tv", "step_kl", "target_nll"):
+        for m in ("step_tv", "step_kl", "target_nll", "target_nll_expected"):
             vals = [r.get(m) for r in recs]
             per_prompt[m][tag] = None if any(v is None for v in vals) else np.asarray(vals, dtype=np.float64)
 
@@ -219,34 +221,36 @@ def main(argv=None):
              "reaches, A's quality loss is smaller than B's (B interpolated in accepted length, differences paired by "
              "prompt, 95% CIs). step_tv / step_kl: the exact distortion of each emitted token's distribution, summed over "
              "the image (docs/distortion.md; it bounds the sequence-level TV / KL); target_nll: the target's NLL of what "
-             "was emitted (nats / token); toy metrics as in coolsd.metrics.toy. The lab column is the exact answer on "
+             "was emitted (nats / token); target_nll_expected: its exact expectation given what preceded each draw "
+             "(-sum pi log p; the same mean without the draw's noise, docs/distortion.md); toy metrics as in coolsd.metrics.toy. The lab column is the exact answer on "
              "tabular models (coolsd.theory.sweep: V = 4, N = 5, L = 4, 3 pairs): on the expectation of step_tv "
              "and on the sequence TV to the target, no noise.", "",
-             "| claim | step_tv | step_kl | target_nll | toy_clip | toy_fid | exact lab: E step_tv | exact lab: sequence TV |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| claim | step_tv | step_kl | target_nll | target_nll_expected | toy_clip | toy_fid | exact lab: E step_tv "
+             "| exact lab: sequence TV |", "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         v = r["verdicts"]
-        lines.append(f"| {r['claim']} | {v['step_tv']} | {v['step_kl']} | {v['target_nll']} | {v['toy_clip']} | "
+        lines.append(f"| {r['claim']} | {v['step_tv']} | {v['step_kl']} | {v['target_nll']} | "
+                     f"{v['target_nll_expected']} | {v['toy_clip']} | "
                      f"{v['toy_fid']} | {r['lab']['expected_step_tv']} | {r['lab']['tv']} |")
     for r in results:
         lines += ["", f"## {r['claim']}: A = {r['A']}, B = {r['B']}", "",
                   "| A point | accepted length | B interpolated between | step_tv A - B | step_kl A - B | target_nll A - B "
-                  "| toy_clip A - B | toy_fid A - B |", "|---|---|---|---|---|---|---|---|"]
+                  "| target_nll_expected A - B | toy_clip A - B | toy_fid A - B |", "|---|---|---|---|---|---|---|---|---|"]
         for row in r["rows"]:
             lines.append(f"| {row['a']} | {row['accepted_length']:.2f} | {row['b0']} .. {row['b1']} (w {row['w']:.2f}) | "
                          f"{_fmt(row.get('step_tv'))} | {_fmt(row.get('step_kl'))} | {_fmt(row.get('target_nll'), 4)} | "
-                         f"{_fmt(row.get('toy_clip'))} | {_fmt(row.get('toy_fid'), 1)} |")
+                         f"{_fmt(row.get('target_nll_expected'), 4)} | {_fmt(row.get('toy_clip'))} | {_fmt(row.get('toy_fid'), 1)} |")
         if not r["rows"]:
-            lines.append("| (no point of A inside B's accepted-length range) | | | | | | | |")
-    lines += ["", "## Every configuration", "", "| tag | accepted length | step_tv | target_nll - AR | toy_clip | toy_fid |",
-              "|---|---|---|---|---|---|"]
+            lines.append("| (no point of A inside B's accepted-length range) | | | | | | | | |")
+    lines += ["", "## Every configuration", "", "| tag | accepted length | step_tv | target_nll - AR | "
+              "target_nll_expected - AR | toy_clip | toy_fid |", "|---|---|---|---|---|---|---|"]
     for t, e in table.items():
         g = lambda k, d=3: (f"{e[k]['mean']:.{d}f} [{e[k]['ci95'][0]:.{d}f}, {e[k]['ci95'][1]:.{d}f}]"  # noqa: E731
                             if k in e and "ci95" in e[k] else "-")
         fid = e.get("toy_fid")
         fid = f"{fid['fid']:.1f} [{fid['lo']:.1f}, {fid['hi']:.1f}]" if fid else "-"
         lines.append(f"| {t} | {g('accepted_length', 2)} | {g('step_tv', 2)} | {g('target_nll_minus_ar', 4)} | "
-                     f"{g('toy_clip')} | {fid} |")
+                     f"{g('target_nll_expected_minus_ar', 4)} | {g('toy_clip')} | {fid} |")
     lines += ["", "![quality against accepted length](sweep.png)"]
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "claims.md").write_text("\n".join(lines) + "\n")

@@ -150,8 +150,11 @@ def main(argv=None):
     (a.out / "table.md").write_text(markdown(df))
     (a.out / "speedup_table.md").write_text(speedup_layout(df))
     plot = sweep_frame({f"{k} {t}": {**e, "params": {"method": k}} for k, v in tables.items() for t, e in v["table"].items()})
-    pareto_plot(plot, a.out / "pareto.png", ["toy_fid"], "CSpD on the toy continuous world (families: batch_mode)",
-                xs=("acceptance_rate", "speedup"))
+    if "toy_fid" in plot and plot["toy_fid"].notna().any():
+        pareto_plot(plot, a.out / "pareto.png", ["toy_fid"], "CSpD on the toy continuous world (families: batch_mode)",
+                    xs=("acceptance_rate", "speedup"))
+    else:  # coolsd.metrics.fid.fid_sample_size_reason
+        print("pareto.png not drawn: toy_fid is null at these prompt counts (too few for the feature covariance)")
     save_png_atomic(make_grid([g for _, g in grids], labels=[t for t, _ in grids]), a.out / "grid.png")
     print(markdown(df))
     print(speedup_layout(df))

@@ -7,7 +7,9 @@ Issue #3 goals read off this table: eagle accepted length >= 2.0; coolsd (delta=
 length >= 1.2x eagle's; eagle speed-up > 1.0; speed-up / accepted length per method; toy_fid of
 eagle within noise of AR; the quality cost of relaxed methods with its CI. Issue #15's: step TV
 exactly 0 for eagle and sjd on every image, positive and increasing in delta for uniform_rsd and
-coolsd; eagle's NLL shift within noise of 0 (checked and printed at the end).
+coolsd; eagle's NLL shift within noise of 0 (checked and printed at the end), for the sampled NLL
+and for its exact conditional expectation (``target_nll_expected``), and every method's sampled
+NLL within noise of its expectation (the loop emits from the pi it reports).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from pathlib import Path
 
 from coolsd.metrics.token_maps import distortion_figure
 from coolsd.records import save_png_atomic, write_json_atomic
+from coolsd.stats import mean_ci
 from coolsd.report.plots import pareto_plot
 from coolsd.report.sweep import ROOT, ci_text, sweep_frame, toy_sweep
 from coolsd.summary import make_grid
@@ -54,9 +57,19 @@ def distortion_checks(outputs: dict, table: dict) -> list[str]:
         ok = all(m > 0 for m in means) and all(a < b for a, b in zip(means, means[1:]))
         out.append(line(ok, f"{family}: step_tv positive and increasing in delta: "
                             + ", ".join(f"delta {d:g}: {m:.2f}" for d, m, _ in pts)))
-    ci = table["eagle"]["target_nll_minus_ar"]["ci95"]
-    out.append(line(ci[0] <= 0 <= ci[1], f"eagle: NLL shift vs AR {table['eagle']['target_nll_minus_ar']['mean']:+.4f} "
-                                         f"[{ci[0]:+.4f}, {ci[1]:+.4f}] contains 0"))
+    for key, what in (("target_nll_minus_ar", "NLL shift"), ("target_nll_expected_minus_ar", "expected-NLL shift")):
+        for tag in ("eagle", "sjd"):
+            e = table[tag][key]
+            ci = e["ci95"]
+            out.append(line(ci[0] <= 0 <= ci[1], f"{tag}: {what} vs AR {e['mean']:+.4f} [{ci[0]:+.4f}, {ci[1]:+.4f}] "
+                                                 "contains 0"))
+    # every method: the sampled NLL minus its exact conditional expectation has mean 0 (a martingale
+    # difference per token) if and only if the tokens are drawn from the pi the loop reports
+    for tag, (recs, _) in outputs.items():
+        d = mean_ci([r["target_nll"] - r["target_nll_expected"] for r in recs])
+        ci = d["ci95"]
+        out.append(line(ci[0] <= 0 <= ci[1], f"{tag}: sampled NLL - expected NLL {d['mean']:+.4f} "
+                                             f"[{ci[0]:+.4f}, {ci[1]:+.4f}] contains 0"))
     return out
 
 
@@ -86,16 +99,18 @@ def main(argv=None):
              "bootstrap interval, and its difference to AR by a paired bootstrap over prompts (an interval "
              "containing 0 = within noise). step TV: the exact distortion of each token's emitted distribution, summed "
              "over the image (docs/distortion.md; 0 for lossless methods); NLL - AR: the target's NLL of the emitted "
-             "tokens (nats / token) paired by prompt against AR; off-support: fraction of tokens outside the warped "
+             "tokens (nats / token) paired by prompt against AR; E[NLL] - AR: the same for each token's exact expected NLL given "
+             "what preceded its draw (-sum pi log p: the same mean without the draw's noise); off-support: fraction of tokens outside the warped "
              "support; toy precision / recall (k = 3) in the toy feature space. Per-method distortion maps: "
              "distortion.png, distortion_maps/.", "",
              "| method | accepted length | latency (s) | speed-up | speed-up / acc. length | step TV | NLL - AR "
-             "| off-support | toy_clip | toy_clip - AR | toy_fid | toy_fid - AR | toy precision | toy recall |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| E[NLL] - AR | off-support | toy_clip | toy_clip - AR | toy_fid | toy_fid - AR | toy precision | toy recall |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for _, r in df.iterrows():
         lines.append(f"| {r['tag']} | {ci_text(r, 'accepted_length', '{:.2f}')} | {ci_text(r, 'latency_s')} | "
                      f"{ci_text(r, 'speedup', '{:.2f}')} | {r['speedup_per_accepted_length']:.2f} | "
                      f"{ci_text(r, 'step_tv', '{:.2f}')} | {ci_text(r, 'target_nll_minus_ar', '{:+.4f}')} | "
+                     f"{ci_text(r, 'target_nll_expected_minus_ar', '{:+.4f}')} | "
                      f"{ci_text(r, 'off_support', '{:.4f}')} | {ci_text(r, 'toy_clip')} | "
                      f"{ci_text(r, 'toy_clip_minus_ar', '{:+.3f}')} | {ci_text(r, 'toy_fid', '{:.1f}')} | "
                      f"{ci_text(r, 'toy_fid_minus_ar', '{:+.1f}')} | {ci_text(r, 'toy_precision', '{:.2f}')} | "

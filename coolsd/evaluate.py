@@ -6,7 +6,9 @@ metric is added without regenerating:
 Per method tag of the run: CLIP score (mean [95% CI] over images), ImageReward (same), FID
 against the cached statistics of the COCO val2017 reference images (bootstrap interval over the
 generated images). Written to ``<run>/metrics.json`` (atomically) with the per-sample scores.
-Every weight file, model folder and image is checked before any work starts.
+Every input the requested metrics need (the run folder, CLIP folder, Inception weights, COCO
+val2017 images, ImageReward files) is checked before any network loads, and every missing one is
+listed at once with the flag that sets it and its environment variable (``missing_inputs``).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from coolsd.loading import MissingInputFile
 from coolsd.metrics.fid import bootstrap_fid_ci
 from coolsd.metrics.image_prep import load_rgb
 from coolsd.records import resume_records, write_json_atomic
@@ -29,7 +32,7 @@ def run_images(run_dir: Path) -> dict[str, list[dict]]:
     """Records with images, by method tag, in prompt order (images checked to exist and decode)."""
     records = resume_records(run_dir)
     if not records:
-        raise FileNotFoundError(f"{run_dir} holds no records (samples.jsonl); is it a run folder?")
+        raise MissingInputFile(f"{run_dir} holds no records (samples.jsonl); is it a run folder of python run.py?")
     by_tag: dict[str, list[dict]] = {}
     for r in records:
         if "image" in r:
@@ -98,19 +101,55 @@ def build_scorers(metrics, *, clip=None, inception=None, coco_images=None, ir_ch
     return kw
 
 
+# flag -> (environment variable of its default, help, the input's name in errors, metrics that need it)
+INPUT_FLAGS = {
+    "--clip": ("CLIP_DIR", "local openai/clip-vit-base-patch32 folder", "CLIP model folder", ("clip_score",)),
+    "--inception": ("INCEPTION_WEIGHTS", "weights-inception-2015-12-05-6726825d.pth (default: torch hub cache)",
+                    "Inception weights", ("fid",)),
+    "--coco-images": ("COCO_VAL_IMAGES", "COCO val2017/ folder (FID's reference images)", "COCO val2017 images", ("fid",)),
+    "--ir-checkpoint": ("IMAGEREWARD_CKPT", "ImageReward.pt", "ImageReward checkpoint", ("image_reward",)),
+    "--ir-med-config": ("IMAGEREWARD_MED_CONFIG", "med_config.json", "ImageReward med_config", ("image_reward",)),
+    "--ir-python": ("IMAGEREWARD_PYTHON", "interpreter with the image-reward package (default: this one)",
+                    "ImageReward interpreter", ("image_reward",)),
+}
+
+
+def input_needs(a, wanted) -> list:
+    """The ``Need`` of every input the ``wanted`` metrics read (``a``: the parsed arguments)."""
+    from coolsd.metrics.clip_score import CLIP_FILES, CLIP_SOURCE, snapshot_dir
+    from coolsd.metrics.image_reward import INSTALL, SOURCE as IR_SOURCE
+    from coolsd.metrics.inception import WEIGHTS_URL, default_inception_path
+    from coolsd.metrics.reference import COCO_IMAGES_SOURCE
+    from coolsd.worlds.files import Need
+
+    value = {"--clip": a.clip and snapshot_dir(a.clip), "--inception": a.inception or default_inception_path(),
+             "--coco-images": a.coco_images, "--ir-checkpoint": a.ir_checkpoint, "--ir-med-config": a.ir_med_config,
+             "--ir-python": a.ir_python}
+    kind = {"--clip": (True, CLIP_FILES, CLIP_SOURCE), "--inception": (False, (), WEIGHTS_URL),
+            "--coco-images": (True, (), COCO_IMAGES_SOURCE), "--ir-checkpoint": (False, (), IR_SOURCE),
+            "--ir-med-config": (False, (), IR_SOURCE), "--ir-python": (False, (), INSTALL)}
+    needs = [Need("run folder", "give it as the first argument", a.run, "a folder written by python run.py",
+                  None, True)]
+    for flag, (env, _, name, metrics) in INPUT_FLAGS.items():
+        if set(metrics) & set(wanted) and not (flag == "--ir-python" and value[flag] is None):  # None: this python
+            needs.append(Need(name, flag, value[flag], kind[flag][2], env, *kind[flag][:2]))
+    return needs
+
+
+def missing_inputs(a, wanted) -> list[str]:
+    """One line per unusable input of the requested metrics, each naming its flag and variable."""
+    return [p for n in input_needs(a, wanted) if (p := n.problem()) is not None]
+
+
 def main(argv=None) -> dict:
+    from coolsd.worlds.files import require_inputs
+
     env = os.environ.get
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run", type=Path, help="a run folder (samples.jsonl + images/)")
     ap.add_argument("--metrics", default="clip_score,fid", help=f"comma-separated, of {', '.join(METRICS)}")
-    ap.add_argument("--clip", default=env("CLIP_DIR"), help="local openai/clip-vit-base-patch32 folder [$CLIP_DIR]")
-    ap.add_argument("--inception", default=env("INCEPTION_WEIGHTS"),
-                    help="weights-inception-2015-12-05-6726825d.pth [$INCEPTION_WEIGHTS; default: torch hub cache]")
-    ap.add_argument("--coco-images", default=env("COCO_VAL_IMAGES"), help="COCO val2017/ folder [$COCO_VAL_IMAGES]")
-    ap.add_argument("--ir-checkpoint", default=env("IMAGEREWARD_CKPT"), help="ImageReward.pt [$IMAGEREWARD_CKPT]")
-    ap.add_argument("--ir-med-config", default=env("IMAGEREWARD_MED_CONFIG"), help="med_config.json [$IMAGEREWARD_MED_CONFIG]")
-    ap.add_argument("--ir-python", default=env("IMAGEREWARD_PYTHON"),
-                    help="interpreter with the image-reward package [$IMAGEREWARD_PYTHON; default: this one]")
+    for flag, (var, text, _, metrics) in INPUT_FLAGS.items():
+        ap.add_argument(flag, default=env(var), help=f"{text} [${var}; for {', '.join(metrics)}]")
     ap.add_argument("--cache-dir", type=Path, default=Path("outputs/cache"))
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--fid-resamples", type=int, default=100)
@@ -119,7 +158,8 @@ def main(argv=None) -> dict:
     unknown = sorted(set(wanted) - set(METRICS))
     if unknown:
         raise SystemExit(f"unknown metric(s) {unknown}; valid: {', '.join(METRICS)}")
-    run_images(a.run)  # the run folder and its images, before loading anything
+    require_inputs("python -m coolsd.evaluate", missing_inputs(a, wanted))  # every missing input at once
+    run_images(a.run)  # the run folder's records and images, before loading anything
     kw = build_scorers(wanted, clip=a.clip, inception=a.inception, coco_images=a.coco_images, ir_checkpoint=a.ir_checkpoint,
                        ir_med_config=a.ir_med_config, ir_python=a.ir_python, device=a.device, cache_dir=a.cache_dir,
                        fid_resamples=a.fid_resamples)
@@ -137,4 +177,7 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from coolsd.runner import one_line_errors
+
+    with one_line_errors():
+        main()

@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from coolsd.decoding.distortion import chain_distortion
+from coolsd.decoding.distortion import chain_distortion, expected_nll, lossless
 from coolsd.decoding.rules import Rule
 from coolsd.decoding.sampling import sample_inverse_cdf
 from coolsd.decoding.trees import EMPTY_TREE, Tree
@@ -40,8 +40,12 @@ class GenerationResult:
     # (B, N) per emitted token: -log p(x_t) under the target's guided distribution at the sampling
     # temperature, before top-k / top-p (``token_nll``); whether x_t lies outside the warped support
     # (``token_off_support``, 0/1: a relaxed rule can accept such a token); the round depth it was
-    # verified at (``token_depth``: 1..L, 0 for a token drawn from p: the first, a bonus, AR)
+    # verified at (``token_depth``: 1..L, 0 for a token drawn from p: the first, a bonus, AR);
+    # ``token_nll_expected``: E[-log p(x_t) | prefix, round] = -sum_y pi_t(y) log p(y), the exact
+    # conditional expectation of ``token_nll`` (the same mean, without the token draw's noise;
+    # docs/distortion.md section 6), NaN where pi_t has no closed form (verified sibling nodes)
     token_nll: Optional[torch.Tensor] = None
+    token_nll_expected: Optional[torch.Tensor] = None
     token_off_support: Optional[torch.Tensor] = None
     token_depth: Optional[torch.Tensor] = None
 
@@ -96,7 +100,8 @@ def speculative_generate(
     ``rng`` gives uniforms per sample (``coolsd.decoding.rng``, drawn on the CPU).
 
     ``distortion``: record each emitted token's quality signals (exact distortion ``step_tv`` /
-    ``step_kl``, docs/distortion.md; ``token_nll``, ``token_off_support``, ``token_depth``); False
+    ``step_kl``, docs/distortion.md; ``token_nll``, ``token_nll_expected``, ``token_off_support``,
+    ``token_depth``); False
     skips that work and leaves them NaN (to measure what it costs).
 
     The loop's state lives on the target's device (``target.device``; the CPU if it has none):
@@ -155,8 +160,10 @@ def _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_
     # per-token signals, channels TOKEN_SIGNALS; the first token comes from p (no distortion, on the
     # support, depth 0); NaN throughout if not asked for
     dist = torch.full((B, len(TOKEN_SIGNALS), buf.shape[1]), 0.0 if distortion else float("nan"), dtype=torch.float64)
-    if distortion and bos_token is None:  # the first token's NLL, from the prefill's logits
-        dist[:, NLL, 0] = emitted_nll(prefill.logits[:, -1:], out[:, :1], sampling)[:, 0].to(dist.dtype)
+    if distortion and bos_token is None:  # the first token's NLL and its expectation (drawn from p), from the prefill
+        logp0 = target_log_probs(prefill.logits[:, -1:], sampling)
+        dist[:, NLL, 0] = -logp0[:, 0].gather(1, out[:, :1])[:, 0].to(dist.dtype)
+        dist[:, XNLL, 0] = expected_nll(sampling.probs(prefill.logits[:, -1:]), logp0)[:, 0].to(dist.dtype)
     round_log: list[torch.Tensor] = []
     t_len = torch.zeros(B, dtype=torch.long)  # committed target entries after the condition
     n1 = tree.n_nodes + 1
@@ -202,23 +209,24 @@ def _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_
         step_tv=dist[:, TV],
         step_kl=dist[:, KL],
         token_nll=dist[:, NLL],
+        token_nll_expected=dist[:, XNLL],
         token_off_support=dist[:, OFF],
         token_depth=dist[:, DEPTH],
     )
 
 
-TOKEN_SIGNALS = ("tv", "kl", "nll", "off_support", "depth")  # the channels of the loop's per-token record
-TV, KL, NLL, OFF, DEPTH = range(len(TOKEN_SIGNALS))
+TOKEN_SIGNALS = ("tv", "kl", "nll", "nll_expected", "off_support", "depth")  # the loop's per-token channels
+TV, KL, NLL, XNLL, OFF, DEPTH = range(len(TOKEN_SIGNALS))
 
 
-def emitted_nll(logits: torch.Tensor, tokens: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
-    """(B, m) -log p(token) from logits (B, m, V): the target's guided distribution at the
-    sampling temperature (1 for greedy), before top-k / top-p truncation (issue 15's target_nll);
-    in the logits' precision (at least float32)."""
+def target_log_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """log p (..., V) of the target's guided distribution at the sampling temperature (1 for
+    greedy), before top-k / top-p truncation: what issue 15's target_nll scores tokens with; in
+    the logits' precision (at least float32); finite (``distortion.expected_nll`` relies on it)."""
     t = sampling.temperature if sampling.temperature > 0 else 1.0
     x = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
-    x = x / t if t != 1.0 else x
-    return torch.logsumexp(x, -1) - x.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    # masked tokens (-inf logits) get the lowest finite value: products with a 0 probability stay 0
+    return torch.log_softmax(x / t if t != 1.0 else x, -1).clamp(min=torch.finfo(x.dtype).min)
 
 
 def verify_round(target, tokens, t_len, tree: Tree, q, rule: Rule, u_accept, u_emit, max_depth, remaining, active,
@@ -270,26 +278,33 @@ def _round_signals(logits, p, q, v, vals, tree: Tree, rule: Rule, max_depth, sam
     """(B, len(TOKEN_SIGNALS), D + 1): the signals of the round's candidate tokens ``vals`` (the
     accepted path, then the emitted token), position j = round depth j + 1. The token at depth j+1
     was verified at that depth if j < max_depth, else drawn from p (a bonus, the image's end); its
-    parent node (whose p it was drawn or verified against) is the root for j = 0, else path[j-1]."""
+    parent node (whose p it was drawn or verified against) is the root for j = 0, else path[j-1].
+    Few, batched ops: at batch 1 on a small target their count, not their size, is the cost."""
     B, D = v.path.shape
+    V = p.shape[-1]
     parent = torch.cat([torch.zeros(B, 1, dtype=torch.long), v.path.clamp(min=0)], 1)  # (B, D+1)
-    vals = vals.clamp(max=p.shape[-1] - 1)  # positions past the round's tokens (never written) may hold the BOS id
-    nll = emitted_nll(_gather_nodes(logits, parent), vals, sampling)
-    off = p.flatten(1).gather(1, parent * p.shape[-1] + vals) <= 0  # p(x) at the parent node
-    depth = torch.arange(1, D + 2).unsqueeze(0).expand(B, D + 1)
-    verified = depth <= max_depth.unsqueeze(1)
-    if tree.n_nodes == 0:
-        tv_d = kl_d = torch.zeros(B, D + 1, dtype=dtype)
+    # positions past the round's tokens (never written) may hold the BOS id
+    at = parent * V + vals.clamp(max=V - 1)
+    logp = target_log_probs(logits, sampling)  # (B, n+1, V) at every node
+    nll = -logp.flatten(1).gather(1, at)
+    off = p.flatten(1).gather(1, at) <= 0  # p(x) at the parent node
+    depth = torch.arange(1, D + 2).unsqueeze(0)
+    verified = depth <= max_depth.unsqueeze(1)  # (B, D+1)
+    drawn = expected_nll(p, logp)  # (B, n+1): E[-log p(x)] for a token drawn from p at each node
+    if tree.n_nodes == 0 or (tree.max_children == 1 and lossless(rule, D)):  # pi = p: distortion 0
+        # (AR: the root only; a chain's node j is at depth j, the parent of position j)
+        tv_kl, xnll = torch.zeros(B, 2, D + 1, dtype=dtype), drawn[:, : D + 1]
     elif tree.max_children == 1:  # chain: exact per depth (docs/distortion.md), at the depths the round emitted
         need = (verified & (depth <= v.n_accepted.unsqueeze(1) + 1))[:, :D]
-        tv_d, kl_d = (torch.cat([x.to(dtype), torch.zeros(B, 1, dtype=dtype)], 1)
-                      for x in chain_distortion(rule, p, q, D, need))
-    else:  # siblings drawn without replacement: no closed form (docs/distortion.md)
-        tv_d = kl_d = torch.full((B, D + 1), float("nan"), dtype=dtype)
-    zero = torch.zeros((), dtype=dtype)
-    cols = [torch.where(verified, tv_d, zero), torch.where(verified, kl_d, zero), nll.to(dtype), off.to(dtype),
-            torch.where(verified, depth, 0).to(dtype)]
-    return torch.stack(cols, 1)
+        d = chain_distortion(rule, p, q, D, need, logp)
+        per_depth = torch.nn.functional.pad(torch.stack(d, 1), (0, 1))  # (B, 3, D+1): tv, kl, E nll; bonus column 0
+        tv_kl = torch.where(verified.unsqueeze(1), per_depth[:, :2], 0).to(dtype)
+        xnll = torch.where(verified, per_depth[:, 2], drawn[:, : D + 1])
+    else:  # siblings drawn without replacement: no closed form (docs/distortion.md); a draw from p has one
+        tv_kl = torch.full((B, 2, D + 1), float("nan"), dtype=dtype)
+        xnll = torch.where(verified, float("nan"), drawn.gather(1, parent))
+    rest = torch.stack([nll, xnll, off.to(nll.dtype), torch.where(verified, depth, 0).to(nll.dtype)], 1)
+    return torch.cat([tv_kl, rest.to(dtype)], 1)
 
 
 class _NoRule(Rule):

@@ -23,13 +23,14 @@ from tqdm import tqdm
 
 from coolsd.batch_invariant import batch_invariant
 from coolsd.compiled import compile_count
+from coolsd.config_schema import check_config, method_from_cfg
 from coolsd.generate import NonFiniteLogits
-from coolsd.methods import check_method
-from coolsd.records import RecordWriter, claim_run_dir, resume_records
+from coolsd.errors import ConfigError
+from coolsd.records import RecordWriter, RunLock, claim_run_dir, resume_records
 from coolsd.shards import Shard
 from coolsd.summary import GRID_COLUMNS, summarize, write_outputs
 from coolsd.timing import hardware_name
-from coolsd.worlds import WORLDS, load_world, world_class
+from coolsd.worlds import load_world, world_class
 
 TIMING_KEYS = ("latency_s", "decode_s", "hardware")  # differ between processes and machines (a sample's own numbers)
 
@@ -37,13 +38,6 @@ TIMING_KEYS = ("latency_s", "decode_s", "hardware")  # differ between processes 
 def prompt_seed(run_seed: int, index: int) -> int:
     """Per-prompt seed from the run seed and the prompt index (never from the order of work)."""
     return int(np.random.default_rng([run_seed, index]).integers(2**62))
-
-
-def method_from_cfg(cfg) -> tuple[str, dict]:
-    from omegaconf import OmegaConf
-
-    m = OmegaConf.to_container(cfg.method, resolve=True)
-    return m.pop("name"), m
 
 
 def job_methods(world, cfg) -> dict:
@@ -58,8 +52,10 @@ def job_methods(world, cfg) -> dict:
 
 def run_identity(world, methods: dict, *, seed: int, dataset: dict, threads: int, batch_size: int = 1,
                  shard: Shard = Shard(), invariant: bool = False, method: Optional[str] = None) -> dict:
-    """What binds a run folder (``run.json``): target, its files and sampling settings, methods,
-    seed, prompts, threads; the batch size (latencies depend on it) and the shard count."""
+    """What binds a run folder (``run.json``): target, its files (``world.files()``: each weight
+    and data file's content fingerprint, ``coolsd.fingerprint``; the toy's manifest sha256s) and
+    sampling settings, methods, seed, prompts, threads; the batch size (latencies depend on it) and
+    the shard count. A resume or merge with any of these different is refused."""
     return {"target": world.name, "world": world.files(), "settings": world.settings(),
             "methods": {t: m.describe() for t, m in methods.items()}, **({"method": method} if method else {}),
             "seed": int(seed), "dataset": dataset, "device": torch.device(world.device).type, "threads": int(threads),
@@ -179,32 +175,47 @@ def run_methods(world, methods: dict, prompts: list, indices: list[int], run_see
     return collect(type(world), methods, have, writer.dir, ok, fresh, keep), {t: v for t, v in failures.items() if v}
 
 
+def lock_wait() -> float:
+    """Seconds a run waits for another process holding its record file (``$COOLSD_LOCK_WAIT``,
+    default 0: refused at once; a SLURM set-up line may export it so that a requeued task waits
+    for its predecessor to finish flushing)."""
+    import os
+
+    raw = os.environ.get("COOLSD_LOCK_WAIT", "0")
+    try:
+        wait = float(raw)
+    except ValueError:
+        wait = -1.0
+    if not wait >= 0:
+        raise ConfigError(f"$COOLSD_LOCK_WAIT must be a number of seconds >= 0, got {raw!r}; unset it to refuse at once")
+    return wait
+
+
 def run_shard(world, methods: dict, prompts: list, out_dir: Path, identity: dict, *, seed: int, offset: int = 0,
               batch_size: int = 1, shard: Shard = Shard(), keep_images: int = GRID_COLUMNS,
               stats: Optional[dict] = None):
-    """Claim the run folder, resume this shard's records and generate the rest. Returns
+    """Lock this shard's record file (``RunLock``: a second process writing it is refused, naming
+    the holder), claim the run folder, resume this shard's records and generate the rest. Returns
     (outputs, the prompts they cover, failures); with ``shard.count`` > 1 they cover this
     shard's prompts only (the summary comes from ``coolsd.merge``)."""
-    done = resume_records(out_dir, shard.records_name) if claim_run_dir(out_dir, identity) else []
-    positions = shard.select(len(prompts))
-    if done:
-        print(f"resuming {out_dir}: {len(done)} of {len(positions) * len(methods)} samples already there")
-    mine = [prompts[i] for i in positions]
-    outputs, failures = run_methods(world, methods, mine, [offset + i for i in positions], seed,
-                                    RecordWriter(out_dir, shard.records_name), done=done, batch_size=batch_size,
-                                    keep_images=keep_images, stats=stats)
+    with RunLock(out_dir, shard.records_name, wait=lock_wait()):
+        done = resume_records(out_dir, shard.records_name) if claim_run_dir(out_dir, identity) else []
+        positions = shard.select(len(prompts))
+        if done:
+            print(f"resuming {out_dir}: {len(done)} of {len(positions) * len(methods)} samples already there")
+        mine = [prompts[i] for i in positions]
+        outputs, failures = run_methods(world, methods, mine, [offset + i for i in positions], seed,
+                                        RecordWriter(out_dir, shard.records_name), done=done, batch_size=batch_size,
+                                        keep_images=keep_images, stats=stats)
     kept = {r["prompt_index"] for r in next(iter(outputs.values()))[0]} if outputs else set()
     return outputs, [p for i, p in zip(positions, mine) if offset + i in kept], failures
 
 
 def job_settings(cfg) -> tuple[Shard, int, int, bool]:
-    """(shard, batch_size, threads, batch_invariant) of a job config, validated before any work."""
+    """(shard, batch_size, threads, batch_invariant) of a job config (its ranges are
+    ``coolsd.config_schema.check_config``'s, run first)."""
     shard = Shard.from_cfg(cfg)
     batch, threads = int(cfg.get("batch_size", 1)), int(cfg.get("threads", 1))
-    if batch < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch}")
-    if threads < 1:
-        raise ValueError(f"threads must be >= 1, got {threads}")
     return shard, batch, threads, bool((cfg.get("deterministic") or {}).get("batch_invariant", False))
 
 
@@ -215,20 +226,14 @@ def run_job(cfg, out_dir: Path, world=None) -> dict:
     from omegaconf import OmegaConf
 
     from coolsd.tracking import make_logger
-    from coolsd.worlds.files import require_files
 
-    shard, batch, threads, invariant = job_settings(cfg)
     world_cls = world_class(cfg.target.name) if world is None else type(world)
-    name, params = method_from_cfg(cfg)
-    check_method(name, world_cls.family, params)  # name, family, parameter names: before anything loads
-    if cfg.get("compile", False) and not world_cls.compiles:
-        have = ", ".join(n for n in WORLDS if world_class(n).compiles)
-        raise ValueError(f"compile=true is not implemented for target={cfg.target.name} yet ({have} have it); "
-                         f"run it eagerly with compile=false")
-    if cfg.get("compile", False) and invariant:
-        raise ValueError("compile=true and deterministic.batch_invariant=true exclude each other (compiled kernels "
-                         "fuse and reorder float operations); set one of them to false")
-    require_files(cfg.target.name, world_cls.missing_files(cfg))  # every missing file at once, before any work
+    # every range, the method's names, every missing file at once, the device and the output folder:
+    # before anything loads
+    check_config(cfg, world_cls, out_dir, "out_dir" if cfg.get("out_dir") else "hydra.run.dir")
+    shard, batch, threads, invariant = job_settings(cfg)
+    name, _ = method_from_cfg(cfg)
+    RunLock(out_dir, shard.records_name, wait=lock_wait()).refuse_if_held()  # a folder being written: before loading
     prompts = world_cls.prompts(cfg)
     logger = make_logger(cfg.get("logger"), OmegaConf.to_container(cfg, resolve=True),  # a missing extra fails here
                          name=f"{cfg.target.name}/{name}/{out_dir.name}")

@@ -6,9 +6,11 @@ have written:
     python -m coolsd.merge <folder> --partial                          # report what is there
 
 Checks before writing anything: every folder holds a run of the same configuration (its
-``run.json``), every shard file has the run's shard count, a sample present in two shards is
-the same sample, and (unless ``--partial``) every (method, prompt) pair is present, else an error
-lists the missing prompts. Writes ``samples.jsonl`` (prompt order, methods in run order) and
+``run.json``, input files' content fingerprints included: a folder whose shards ran on other
+weights is refused, naming the file), every shard file has the run's shard count, no shard is
+still being written (its lock, ``coolsd.records.RunLock``, names the holder), a sample present in
+two shards is the same sample, and (unless ``--partial``) every (method, prompt) pair is present,
+else an error lists the missing prompts. Writes ``samples.jsonl`` (prompt order, methods in run order) and
 ``summary.json`` atomically; shard files stay as they are.
 """
 from __future__ import annotations
@@ -19,7 +21,7 @@ import shutil
 from pathlib import Path
 
 from coolsd.job import TIMING_KEYS, collect, kept_images
-from coolsd.records import identity_diff, read_records, write_json_atomic
+from coolsd.records import RunLock, describe_identity_diff, read_records, write_json_atomic
 from coolsd.shards import SHARD_FILE
 from coolsd.summary import summarize, summary_lines, write_distortion_figure
 from coolsd.worlds import world_class
@@ -47,17 +49,18 @@ def _ranges(xs: list[int]) -> str:
     return ", ".join(out)
 
 
-def shard_records(folder: Path, count: int) -> list[dict]:
-    """Complete records of every shard file (a truncated last line is skipped)."""
-    records = []
+def shard_files(folder: Path, count: int) -> list[Path]:
+    """The record files of a run's shards present in ``folder``; refused if one is still being
+    written (its lock is held) or belongs to another shard count."""
     files = sorted(folder.glob("samples.shard-*.jsonl")) if count > 1 else [folder / "samples.jsonl"]
     for f in files:
         m = SHARD_FILE.match(f.name)
         if m and int(m.group(2)) != count:
             raise ValueError(f"{f} belongs to a run of {int(m.group(2))} shards, but {folder}/run.json says {count}: "
                              "the shard count changed between runs of this folder")
-        records += read_records(f)
-    return records
+        if (who := RunLock.held_by(folder, f.name)) is not None:
+            raise ValueError(f"{f} is still being written by {who}; merge when its shard has finished")
+    return [f for f in files if f.exists()]
 
 
 def merge(folder, sources=(), partial: bool = False) -> dict:
@@ -66,25 +69,29 @@ def merge(folder, sources=(), partial: bool = False) -> dict:
     for src in map(Path, sources):
         other = _identity(src)
         if other != ident:
-            diff = identity_diff(ident, other)
-            raise ValueError(f"{src} holds a run of another configuration than {folder} (differs in "
-                             f"{', '.join(diff[:8])}); only shards of one run can be merged")
+            raise ValueError(f"{src} holds a run of another configuration than {folder} "
+                             f"({describe_identity_diff(ident, other)}); only shards of one run can be merged")
     count = int(ident.get("shards", 1))
     methods = list(ident["methods"])
     d = ident["dataset"]
     prompts = range(int(d["offset"]), int(d["offset"]) + int(d["n_prompts"]))
     by_key: dict = {}
+    merged = set()  # names of the shard files that contributed records
     for src in [folder, *map(Path, sources)]:
-        for r in shard_records(src, count):
-            key = (r["method"], r["prompt_index"])
-            if key in by_key:
-                a = {k: v for k, v in by_key[key][0].items() if k not in TIMING_KEYS}
-                b = {k: v for k, v in r.items() if k not in TIMING_KEYS}
-                if a != b:
-                    raise ValueError(f"two different samples for method {key[0]!r}, prompt {key[1]} (in {src}); "
-                                     "shards of one run never overlap")
-                continue
-            by_key[key] = (r, src)
+        for f in shard_files(src, count):
+            records = read_records(f)
+            if records:
+                merged.add(f.name)
+            for r in records:
+                key = (r["method"], r["prompt_index"])
+                if key in by_key:
+                    a = {k: v for k, v in by_key[key][0].items() if k not in TIMING_KEYS}
+                    b = {k: v for k, v in r.items() if k not in TIMING_KEYS}
+                    if a != b:
+                        raise ValueError(f"two different samples for method {key[0]!r}, prompt {key[1]} (in {src}); "
+                                         "shards of one run never overlap")
+                    continue
+                by_key[key] = (r, src)
     missing = sorted({p for t in methods for p in prompts if (t, p) not in by_key})
     if missing and not partial:
         raise ValueError(f"{folder}: {len(missing)} of {len(prompts)} prompts are incomplete ({_ranges(missing)}); "
@@ -102,7 +109,7 @@ def merge(folder, sources=(), partial: bool = False) -> dict:
     ok = [p for p in complete if not any(p in v for v in failed.values())]  # compared where all succeeded
     summary = summarize_records(folder, ident, {k: r for k, (r, _) in by_key.items()}, ok,
                                 {t: v for t, v in failed.items() if v})
-    summary.update(merged_shards=count, prompts_complete=len(complete), prompts_missing=missing)
+    summary.update(merged_shards=len(merged), shards=count, prompts_complete=len(complete), prompts_missing=missing)
     write_json_atomic(summary, folder / "summary.json")
     write_distortion_figure(summary, {t: [by_key[(t, p)][0] for p in ok] for t in methods}, folder)
     return summary
@@ -134,7 +141,7 @@ def main(argv=None) -> dict:
     a = ap.parse_args(argv)
     s = merge(a.run, a.sources, a.partial)
     print("\n".join(summary_lines(world_class(s["target"]), s["results"])))
-    print(f"merged {s['merged_shards']} shard(s): {s['prompts_complete']} complete prompts"
+    print(f"merged {s['merged_shards']} of {s['shards']} shard(s): {s['prompts_complete']} complete prompts"
           + (f", {len(s['prompts_missing'])} missing" if s["prompts_missing"] else "") + f" -> {a.run}/summary.json")
     return s
 

@@ -1,9 +1,24 @@
-"""``run(cfg)``: the package entry behind ``run.py`` (Hydra composes cfg; tests call this)."""
+"""``run(cfg)``: the package entry behind ``run.py`` (Hydra composes cfg; tests call this).
+
+The project's own configuration and input errors (``coolsd.errors.InputError``) reach a person as
+one or two lines and exit status 2, without a traceback (``one_line_errors``); set
+``HYDRA_FULL_ERROR=1`` or ``COOLSD_VERBOSE=1`` for the full traceback. ``CheckBeforeRun`` (a Hydra
+callback, conf/config.yaml ``hydra.callbacks``) runs the config's range checks and the output
+folder's before Hydra creates the run folder or its log, so a refused config writes nothing.
+"""
 from __future__ import annotations
 
+import os
+import sys
+from contextlib import contextmanager
 from pathlib import Path
 
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
+
+from coolsd.errors import InputError
+
+VERBOSE_ENV = ("HYDRA_FULL_ERROR", "COOLSD_VERBOSE")  # =1: tracebacks for the project's own errors too
 
 
 def safe_dirname(overrides: str, limit: int = 100) -> str:
@@ -42,3 +57,50 @@ def run(cfg: DictConfig) -> dict:
     from coolsd.job import run_job
 
     return run_job(cfg, output_dir(cfg))
+
+
+def verbose() -> bool:
+    return any(os.environ.get(k, "") not in ("", "0") for k in VERBOSE_ENV)
+
+
+@contextmanager
+def one_line_errors():
+    """An ``InputError`` inside becomes its message on stderr and exit status 2 (a traceback
+    with ``HYDRA_FULL_ERROR=1`` or ``COOLSD_VERBOSE=1``); any other exception is a bug and keeps
+    its traceback."""
+    try:
+        yield
+    except InputError as e:
+        if verbose():
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def job_config(config: DictConfig) -> DictConfig:
+    """The job's part of a Hydra config (without the ``hydra`` node)."""
+    return OmegaConf.masked_copy(config, [k for k in config if k != "hydra"])
+
+
+class CheckBeforeRun(Callback):
+    """Refuse a bad config before Hydra writes anything: ``coolsd.config_schema.check_config``
+    (ranges, device, the run folder writable) on a single run; the sweep folder writable on a
+    multirun (each job's config is checked by ``run_job`` before any model loads)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        from hydra.core.hydra_config import HydraConfig
+
+        from coolsd.config_schema import check_config, check_output_dir
+
+        HydraConfig.instance().set_config(config)  # resolves ${hydra:...} in hydra.run.dir
+        with one_line_errors():
+            check_config(job_config(config))
+            if config.get("out_dir"):
+                check_output_dir(config.out_dir, "out_dir")
+            check_output_dir(config.hydra.run.dir, "hydra.run.dir")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        from coolsd.config_schema import check_output_dir
+
+        with one_line_errors():
+            check_output_dir(config.hydra.sweep.dir, "hydra.sweep.dir")

@@ -1,42 +1,128 @@
-"""Confidence intervals reported with every mean (METHODS.md 6)."""
+"""Confidence intervals reported with every mean (METHODS.md 6), one implementation per domain.
+
+Every interval is returned in the same shape, {"mean", "ci95": [lo, hi], "lo", "hi",
+"half_width" ((hi - lo) / 2, also for the asymmetric ones), "std", "n", "interval"}, so a
+summary, ``coolsd.tracking`` and the reports read any of them alike. ``mean_ci(x, domain=...)``
+picks the interval that respects where the quantity lives:
+
+* ``REAL`` (any sign: NLL, paired differences ``<metric>_minus_ar``): Student-t on the mean.
+* ``POSITIVE`` (bounded below by ``lower``: latency, decode time, forwards, images / s, summed
+  TV / KL >= 0, accepted length >= 1): a log-scale interval, ``lower + (m - lower) *
+  exp(+-t * s / ((m - lower) sqrt n))`` (the delta method on log(mean - lower), Student-t
+  quantile), so ``lo > lower`` always; it tends to the t-interval as n grows.
+* ``FRACTION`` (in [0, 1]: toy_clip, off-support, acceptance rate): Wilson's score interval on
+  the counts where every value is 0 or 1 (binomial data), else the delta method on the logit of
+  the mean (Student-t quantile), mapped back, so 0 <= lo <= hi <= 1.
+* ``ratio_ci``: mean(num) / mean(den) of positive numbers (speed-up) by a bootstrap
+  (``scipy.stats.bootstrap``, BCa, percentile where BCa is undefined), positive by construction.
+
+Invariants: ``lo <= mean <= hi`` and [lo, hi] lies in the domain; values outside the domain are
+an error naming them. Degenerate inputs: n = 1 has no interval (no ``ci95`` / ``lo`` / ``hi`` /
+``half_width`` / ``std`` keys, ``no_ci: "n=1: no CI"``, printed as such); all-equal values
+give a zero-width interval, except 0/1 data, whose Wilson interval is never empty.
+"""
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 from scipy import stats
 
+REAL, POSITIVE, FRACTION = "real", "positive", "fraction"
+DOMAINS = (REAL, POSITIVE, FRACTION)
+NULL_REASON = "_null_reason"  # a summary's "<metric>_null_reason": why <metric> is null (e.g. toy_fid at small n)
 
-def mean_ci(x, level: float = 0.95) -> dict:
-    """Mean with a Student-t interval over samples (prompts / images).
 
-    Returns {"mean", "ci95": [lo, hi], "lo", "hi", "half_width", "std", "n"}; with n = 1 the
-    interval collapses to the mean (half_width nan).
-    """
+def no_ci(m: float, n: int) -> dict:
+    """A mean without an interval (too few values): ``no_ci`` says why, printed in tables."""
+    return {"mean": m, "n": n, "no_ci": f"n={n}: no CI"}
+
+
+def _interval(m: float, lo: float, hi: float, sd: float, n: int, kind: str) -> dict:
+    lo, hi = min(lo, m), max(hi, m)  # rounding at zero width
+    return {"mean": m, "ci95": [lo, hi], "lo": lo, "hi": hi, "half_width": (hi - lo) / 2, "std": sd, "n": n,
+            "interval": kind}
+
+
+def _t(level: float, n: int) -> float:
+    return float(stats.t.ppf(0.5 + level / 2, n - 1))
+
+
+def mean_ci(x, level: float = 0.95, domain: str = REAL, lower: float = 0.0, name: str = "values") -> dict:
+    """Mean of samples (prompts / images) with the 95% interval of its ``domain`` (module
+    docstring); ``lower``: the bound of a ``POSITIVE`` quantity; ``name`` appears in errors."""
     x = np.asarray(x, dtype=np.float64).ravel()
     n = len(x)
     if n == 0:
-        raise ValueError("mean_ci needs at least one value")
+        raise ValueError(f"mean_ci needs at least one value ({name})")
+    if domain not in DOMAINS:
+        raise ValueError(f"mean_ci: unknown domain {domain!r} ({name}); one of {DOMAINS}")
+    if not np.isfinite(x).all():
+        raise ValueError(f"{name}: {int((~np.isfinite(x)).sum())} of {n} values are not finite")
     m = float(x.mean())
+    if domain == POSITIVE and x.min() < lower:
+        raise ValueError(f"{name}: a quantity >= {lower} has value {x.min():.6g}")
+    if domain == FRACTION and (x.min() < 0 or x.max() > 1):
+        raise ValueError(f"{name}: a fraction in [0, 1] has values in [{x.min():.6g}, {x.max():.6g}]")
     if n < 2:
-        return {"mean": m, "ci95": [m, m], "lo": m, "hi": m, "half_width": float("nan"), "std": float("nan"), "n": 1}
+        return no_ci(m, n)
     sd = float(x.std(ddof=1))
-    half = float(stats.t.ppf(0.5 + level / 2, n - 1) * sd / math.sqrt(n))
-    return {"mean": m, "ci95": [m - half, m + half], "lo": m - half, "hi": m + half, "half_width": half, "std": sd, "n": n}
+    if domain == FRACTION and np.isin(x, (0.0, 1.0)).all():
+        lo, hi = wilson_interval(int(x.sum()), n, level)
+        return _interval(m, lo, hi, sd, n, "wilson")
+    if domain == REAL or sd == 0:
+        half = _t(level, n) * sd / math.sqrt(n)
+        return _interval(m, m - half, m + half, sd, n, "t")
+    se = sd / math.sqrt(n)
+    if domain == POSITIVE:  # m > lower: some value is above it (sd > 0)
+        f = math.exp(_t(level, n) * se / (m - lower))
+        return _interval(m, lower + (m - lower) / f, lower + (m - lower) * f, sd, n, "log")
+    # FRACTION, not all 0/1: some value is strictly inside (0, 1), so 0 < m < 1
+    c, h = math.log(m / (1 - m)), _t(level, n) * se / (m * (1 - m))
+    return _interval(m, 1 / (1 + math.exp(h - c)), 1 / (1 + math.exp(-c - h)), sd, n, "logit")
+
+
+def wilson_interval(successes: int, trials: int, level: float = 0.95) -> tuple[float, float]:
+    """Wilson's score interval for a binomial proportion (within [0, 1], never empty, sensible at
+    0 and n successes, unlike the Wald interval)."""
+    if trials < 1 or not 0 <= successes <= trials:
+        raise ValueError(f"wilson_interval needs 0 <= successes <= trials >= 1, got {successes} of {trials}")
+    z = float(stats.norm.ppf(0.5 + level / 2))
+    p, z2 = successes / trials, z * z / trials
+    centre = (p + z2 / 2) / (1 + z2)
+    half = z * math.sqrt(p * (1 - p) / trials + z2 / (4 * trials)) / (1 + z2)
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def ratio_ci(num, den, level: float = 0.95, resamples: int = 2000, seed: int = 0, paired: bool = False) -> dict:
-    """mean(num) / mean(den) with a bootstrap CI (speed-up = mean AR latency / mean method
-    latency). ``paired``: num[i] and den[i] belong together (the same prompt), so each resample
-    draws one set of indices for both; otherwise each is resampled independently."""
-    num, den = np.asarray(num, float), np.asarray(den, float)
+    """mean(num) / mean(den) of positive numbers with a bootstrap CI (speed-up = mean AR latency /
+    mean method latency; ``scipy.stats.bootstrap``, BCa, percentile where BCa's jackknife is
+    degenerate). ``paired``: num[i] and den[i] belong together (the same prompt), so each
+    resample draws one set of indices for both; otherwise each is resampled independently.
+    Positive by construction; n = 1 (on either side) has no interval."""
+    num, den = np.asarray(num, float).ravel(), np.asarray(den, float).ravel()
     if paired and len(num) != len(den):
         raise ValueError(f"paired ratio needs equal lengths, got {len(num)} and {len(den)}")
-    r = np.random.default_rng(seed)
-    boots = []
-    for _ in range(resamples):
-        i = r.integers(0, len(num), len(num))
-        j = i if paired else r.integers(0, len(den), len(den))
-        boots.append(num[i].mean() / den[j].mean())
-    lo, hi = np.quantile(boots, [(1 - level) / 2, (1 + level) / 2])
-    return {"mean": float(num.mean() / den.mean()), "ci95": [float(lo), float(hi)], "n": int(min(len(num), len(den)))}
+    if len(num) == 0 or len(den) == 0 or min(num.min(), den.min()) <= 0 or not np.isfinite([*num, *den]).all():
+        raise ValueError(f"ratio_ci needs finite positive values on both sides, got {len(num)} and {len(den)}")
+    m, n = float(num.mean() / den.mean()), int(min(len(num), len(den)))
+    if n < 2:
+        return no_ci(m, n)
+    if np.ptp(num) == 0 and np.ptp(den) == 0:
+        return _interval(m, m, m, 0.0, n, "bootstrap")
+
+    def ratio(a, b, axis=-1):
+        return a.mean(axis) / b.mean(axis)
+
+    kw = dict(paired=paired, vectorized=True, confidence_level=level, n_resamples=resamples,
+              rng=np.random.default_rng(seed))
+    with warnings.catch_warnings(record=True) as caught:  # BCa's jackknife is 0/0 where every ratio is equal
+        warnings.simplefilter("always")
+        res = stats.bootstrap((num, den), ratio, method="BCa", **kw)
+    lo, hi = res.confidence_interval
+    if caught or not (np.isfinite(lo) and np.isfinite(hi)):
+        kw["rng"] = np.random.default_rng(seed)
+        res = stats.bootstrap((num, den), ratio, method="percentile", **kw)
+        lo, hi = res.confidence_interval
+    return _interval(m, float(lo), float(hi), float(res.standard_error), n, "bootstrap")

@@ -10,9 +10,24 @@ from typing import Optional
 
 import numpy as np
 
-from coolsd.stats import mean_ci, ratio_ci
+from coolsd.stats import FRACTION, NULL_REASON, POSITIVE, REAL, mean_ci, ratio_ci
 
 SPEEDUP_REFERENCE = "ar on the same prompts, same machine, same run (same batch size)"
+# where each summarised record quantity lives, (domain, lower bound), for its interval
+# (coolsd.stats); a key not listed is real-valued (Student-t), e.g. target_nll and every difference
+METRIC_DOMAINS = {
+    **dict.fromkeys(("latency_s", "decode_s", "images_per_s", "target_forwards", "draft_forwards", "step_tv",
+                     "step_kl", "resample_rounds", "fallbacks"), (POSITIVE, 0.0)),
+    **dict.fromkeys(("accepted_length", "exact_accepted_length", "sampled_accepted_length"), (POSITIVE, 1.0)),
+    **dict.fromkeys(("off_support", "acceptance_rate", "toy_clip", "exact_tv", "sampled_tv_to_target",
+                     "chi2_p_sampled_vs_exact"), (FRACTION, 0.0)),
+}
+
+
+def metric_ci(key: str, values) -> dict:
+    """``mean_ci`` of a record quantity with the interval of its domain (``METRIC_DOMAINS``)."""
+    domain, lower = METRIC_DOMAINS.get(key, (REAL, 0.0))
+    return mean_ci(values, domain=domain, lower=lower, name=key)
 
 
 def results_table(world_cls, outputs: dict, prompts: list, files: dict) -> dict:
@@ -26,11 +41,11 @@ def results_table(world_cls, outputs: dict, prompts: list, files: dict) -> dict:
         for key in world_cls.record_metrics:
             vals = [r[key] for r in rows if r.get(key) is not None]
             if vals:
-                e[key] = mean_ci(vals)
+                e[key] = metric_ci(key, vals)
         if "ar" in outputs:
             e.update(paired_differences(world_cls.paired_metrics, outputs["ar"][0], rows))
         if world_cls.makes_images:  # throughput at the run's batch size: images per second of generation
-            e["images_per_s"] = mean_ci([r.get("batch_size", 1) / r["latency_s"] for r in rows])
+            e["images_per_s"] = metric_ci("images_per_s", [r.get("batch_size", 1) / r["latency_s"] for r in rows])
         if "ar" in outputs and "latency_s" in rows[0]:
             e["speedup"] = ratio_ci([r["latency_s"] for r in outputs["ar"][0]], [r["latency_s"] for r in rows], paired=True)
             if "accepted_length" in e:
@@ -55,16 +70,17 @@ def paired_differences(keys, ar_rows: list, rows: list) -> dict:
         ar = {r["prompt_index"]: r[key] for r in ar_rows if r.get(key) is not None}
         diffs = [r[key] - ar[r["prompt_index"]] for r in rows if r.get(key) is not None and r["prompt_index"] in ar]
         if diffs:
-            out[key + MINUS_AR] = mean_ci(diffs)
+            out[key + MINUS_AR] = mean_ci(diffs, name=key + MINUS_AR)
     return out
 
 
 def resolution(entry: dict) -> dict:
     """{metric: half-width of its paired 95% CI against ar}: the smallest difference this run could
-    tell from zero (a reader sees whether n was large enough for the difference of interest)."""
+    tell from zero (a reader sees whether n was large enough for the difference of interest);
+    a difference without an interval (n = 1) is left out."""
     out = {}
     for k, v in entry.items():
-        if k.endswith(MINUS_AR) and isinstance(v, dict):
+        if k.endswith(MINUS_AR) and isinstance(v, dict) and ("ci95" in v or "lo" in v):
             lo, hi = (v["ci95"] if "ci95" in v else (v["lo"], v["hi"]))
             out[k[: -len(MINUS_AR)]] = (hi - lo) / 2
     return out
@@ -94,9 +110,13 @@ def _compile_summary(rows: list) -> dict:
     return {"compile": {"graphs_compiled_after_warmup": int(sum(r.get("compilations", 0) for r in rows))}}
 
 
-def _cell(v, digits: int) -> str:
+def _cell(v, digits: int, null_reason: Optional[str] = None) -> str:
+    """A summary value as "mean [lo, hi]"; "mean (n=1: no CI)" without an interval; "-" for
+    null, "- (n too small)" where its reason is the sample size (the reason is printed below)."""
     if v is None:
-        return "-"
+        return "- (n too small)" if null_reason else "-"
+    if "no_ci" in v:
+        return f"{v['mean']:.{digits}f} ({v['no_ci']})"
     if "fid" in v:
         return f"{v['fid']:.{digits}f} [{v['lo']:.{digits}f}, {v['hi']:.{digits}f}]"
     return f"{v['mean']:.{digits}f} [{v['ci95'][0]:.{digits}f}, {v['ci95'][1]:.{digits}f}]"
@@ -109,7 +129,11 @@ def summary_lines(world_cls, table: dict, outputs: Optional[dict] = None) -> lis
     cols = world_cls.columns
     lines = [f"{'method':<{w}} " + " ".join(f"{c.header:<24}" for c in cols).rstrip()]
     for tag, e in table.items():
-        lines.append(f"{tag:<{w}} " + " ".join(f"{_cell(e.get(c.key), c.digits):<24}" for c in cols).rstrip())
+        lines.append(f"{tag:<{w}} " + " ".join(f"{_cell(e.get(c.key), c.digits, e.get(c.key + NULL_REASON)):<24}"
+                                               for c in cols).rstrip())
+    reasons = {(c.key, e[c.key + NULL_REASON]) for e in table.values() for c in cols
+               if e.get(c.key) is None and e.get(c.key + NULL_REASON)}
+    lines += [f"{key}: null: {why}" for key, why in sorted(reasons)]
     res = {tag: e["resolution"] for tag, e in table.items() if tag != "ar" and e.get("resolution")}
     if res:
         lines += ["", "resolution: half-width of the paired 95% CI against ar (a smaller difference is not resolved at this n)"]

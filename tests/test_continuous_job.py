@@ -163,4 +163,6 @@ def test_continuous_benchmark_smoke_run(assets, tmp_path):
         if r["config"] == "cspd_g2" and r["mode"] == "paper":  # parallel: one target forward per 2 drafts
             assert r["target_forwards"] == 4 + 30 and abs(r["forwards_saved"] - (1 - 34 / 64)) < 1e-9
     assert "| gamma | acceptance | bs=1 | bs=2 |" in (tmp_path / "out" / "speedup_table.md").read_text()
-    assert (tmp_path / "out" / "pareto.png").is_file() and (tmp_path / "out" / "grid.png").is_file()
+    # 2 prompts are too few for toy_fid's feature covariance: null, so no toy_fid Pareto plot
+    assert all(r["toy_fid"] is None for r in rows) and not (tmp_path / "out" / "pareto.png").exists()
+    assert (tmp_path / "out" / "grid.png").is_file()

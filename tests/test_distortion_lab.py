@@ -49,7 +49,7 @@ def test_loop_distortion_equals_oracle_at_every_token(lab_pair, method, params, 
     loop) equals TV / KL of the oracle's pi = cont + emis at the token's prefix and the depth j
     it had in its round (1e-9); past max_depth = min(L, N - round start) it is a bonus token
     drawn from p, with 0. L = 3 on N = 4 also truncates rounds at the end. Lossless rules
-    report exactly 0."""
+    report exactly 0. Each token's ``token_nll_expected`` equals -sum pi log p with the oracle's pi."""
     P, Q = lab_pair
     oracle = _oracle(P, Q, method, L, _method(P, method, L, "chain", dict(params)))
     n_distorted = 0
@@ -62,9 +62,15 @@ def test_loop_distortion_equals_oracle_at_every_token(lab_pair, method, params, 
             for n_new in res.round_lengths[b]:
                 max_depth = min(L, P.N - t)
                 for j in range(1, n_new + 1):
-                    want = oracle.distortion(tuple(toks[:t]), j) if j <= max_depth else np.zeros(2)
+                    c = tuple(toks[:t])
+                    want = oracle.distortion(c, j) if j <= max_depth else np.zeros(2)
                     got = (float(res.step_tv[b, t]), float(res.step_kl[b, t]))
                     assert _close(got[0], want[0]) and _close(got[1], want[1]), (seed, b, t, j, got, want)
+                    # the expected NLL: -sum pi log p with the oracle's pi (p itself for a bonus draw)
+                    p = P.probs(c)
+                    pi = sum(oracle.step(c, j)) if j <= max_depth else p
+                    want_nll = -float(np.sum(np.where(pi > 0, pi * np.log(np.where(p > 0, p, 1.0)), 0.0)))
+                    assert _close(float(res.token_nll_expected[b, t]), want_nll), (seed, b, t, j)
                     assert int(res.token_depth[b, t]) == (j if j <= max_depth else 0)
                     n_distorted += bool(want[0] > 1e-3)
                     t += 1

@@ -146,19 +146,25 @@ def test_image_reward_errors_before_work(tmp_path, fake_image_reward):
         evaluate_run(run, image_reward=ir)
 
 
-def test_cli_checks_inputs_before_work(tmp_path, capsys):
+def test_cli_checks_inputs_before_work(tmp_path, capsys, fake_image_reward, monkeypatch):
     run = _run(tmp_path / "run", n=2)
     with pytest.raises(SystemExit, match="unknown metric"):
         main([str(run), "--metrics", "clip_score,is"])
-    with pytest.raises(FileNotFoundError, match="CLIP"):
+    with pytest.raises(FileNotFoundError, match=r"CLIP model folder: .*no_clip does not exist \(set --clip /path"):
         main([str(run), "--metrics", "clip_score", "--clip", str(tmp_path / "no_clip")])
-    with pytest.raises(FileNotFoundError, match=r"COCO val2017 image folder .*not found.*val2017\.zip"):
+    with pytest.raises(FileNotFoundError, match=r"COCO val2017 images: .*none does not exist .*--coco-images.*val2017\.zip"):
         main([str(run), "--metrics", "fid", "--coco-images", str(tmp_path / "none")])
-    with pytest.raises(FileNotFoundError, match="holds no records"):
+    with pytest.raises(FileNotFoundError, match=r"run folder: .*empty does not exist"):
         main([str(tmp_path / "empty"), "--metrics", "fid"])
+    monkeypatch.setenv("PYTHONPATH", fake_image_reward["env"]["PYTHONPATH"])
+    ir = ["--metrics", "image_reward", "--ir-checkpoint", str(fake_image_reward["checkpoint"]),
+          "--ir-med-config", str(fake_image_reward["med_config"]), "--ir-python", sys.executable]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="holds no records"):
+        main([str(tmp_path / "empty"), *ir])
     (run / "images" / "ar" / "00001.png").unlink()
     with pytest.raises(ValueError, match="does not match its records"):
-        main([str(run), "--metrics", "fid", "--coco-images", str(tmp_path / "none")])
+        main([str(run), *ir])
     assert not (run / "metrics.json").exists()
 
 

@@ -19,7 +19,7 @@ LAYERS = {  # module prefix -> layer; the longest matching prefix decides
     "coolsd.models": 1, "coolsd.drafters": 1, "coolsd.metrics": 1, "coolsd.toy": 1, "coolsd.prompts": 1,
     "coolsd.theory": 1,
     "coolsd.worlds": 2,
-    "coolsd.job": 3, "coolsd.summary": 3,
+    "coolsd.job": 3, "coolsd.summary": 3, "coolsd.config_schema": 3,  # the job config's schema and range checks
     "coolsd.runner": 4, "coolsd.merge": 4, "coolsd.evaluate": 4, "coolsd.report": 4,
     "coolsd.drafters.train": 4,  # the drafter-training command line (python -m coolsd.drafters.train)
 }

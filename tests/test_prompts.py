@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from coolsd.errors import InputFileError
 from coolsd.prompts import coco_longest_captions, load_coco_prompts
 
 FIXTURE = Path(__file__).parent / "fixtures" / "captions_val2017_tiny.json"
@@ -34,14 +35,16 @@ def test_load_slices_and_caches(tmp_path):
 
 
 def test_missing_or_malformed_file_is_named(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"nope.json not found.*dataset.captions=.*annotations_trainval2017.zip"):
+    with pytest.raises(InputFileError, match=r"COCO captions file .* not found: .*nope.json.*annotations_trainval2017.zip"):
         coco_longest_captions(tmp_path / "nope.json")
-    with pytest.raises(FileNotFoundError, match=r"None not found"):
+    with pytest.raises(FileNotFoundError, match=r"not found: \(path not set\)"):
         load_coco_prompts(None, n=1)
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"images": []}))
-    with pytest.raises(ValueError, match=r"bad.json is not a COCO captions file"):
-        coco_longest_captions(bad)
+    for text, why in [(json.dumps({"images": []}), "KeyError: 'annotations'"), ("", "JSONDecodeError"),
+                      ("[1]", "holds a JSON list"), (json.dumps({"annotations": [{"id": 1}]}), "annotation 0 lacks")]:
+        bad.write_text(text)
+        with pytest.raises(InputFileError, match=rf"cannot read .*bad.json as a COCO captions file .*{why}"):
+            coco_longest_captions(bad)
 
 
 @pytest.mark.skipif(not os.environ.get("COCO_CAPTIONS"), reason="set COCO_CAPTIONS=/path/to/captions_val2017.json")

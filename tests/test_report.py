@@ -54,8 +54,8 @@ def test_table2_layout_names_toy_metrics_and_shows_no_false_difference(tmp_path)
     write_tables(df, tmp_path)
     md = (tmp_path / "table2.md").read_text()
     assert "clip_score: toy_clip" in md and "| toy | Eagle-1 | " in md and "CLIP ours (toy_clip)" in md
-    assert "| 2.00 [1.90, 2.10] | +0.0100 [+0.0050, +0.0150] | - |" in md.splitlines()[5]  # Eagle-1's signals
-    assert md.splitlines()[6].endswith("| - | +0.0200 [+0.0150, +0.0250] | - |")  # no step TV for that row
+    assert "| 2.00 [1.90, 2.10] | +0.0100 [+0.0050, +0.0150] | - | - |" in md.splitlines()[5]  # Eagle-1's signals
+    assert md.splitlines()[6].endswith("| - | +0.0200 [+0.0150, +0.0250] | - | - |")  # no step TV for that row
     assert pd.read_csv(tmp_path / "table2.csv").shape[0] == len(df)
     assert r"\begin{tabular}" in (tmp_path / "table2.tex").read_text()
 

@@ -1,11 +1,14 @@
 """Sharded runs (coolsd.shards, coolsd.merge): shards of one folder merge into the records of a
-one-process run; bad shards, a changed shard count, incomplete runs and folders of other
-configurations are clear errors."""
+one-process run; bad shards, a changed shard count, incomplete runs, shards still being written
+and folders of other configurations are clear errors; --partial says how many shards it merged;
+a local sharded multirun keeps one log per shard and prints the merge command on its console."""
 import json
+import os
 
 import pytest
 
-from coolsd.merge import merge
+from coolsd.merge import main, merge
+from coolsd.records import RunLock
 from coolsd.runner import run
 from coolsd.shards import Shard
 from factories import compose as _compose
@@ -62,7 +65,7 @@ def test_shards_merge_into_the_one_process_records(single, tmp_path):
     assert not list(out.glob("samples.shard-*-of-002.jsonl"))
 
 
-def test_incomplete_and_foreign_merges_are_errors(single, tmp_path):
+def test_incomplete_and_foreign_merges_are_errors(single, tmp_path, capsys):
     out = tmp_path / "part"
     _run(out, "shard.index=0", "shard.count=2")
     with pytest.raises(ValueError, match=r"2 of 5 prompts are incomplete \(1, 3\).*--partial"):
@@ -70,11 +73,18 @@ def test_incomplete_and_foreign_merges_are_errors(single, tmp_path):
     assert not (out / "summary.json").exists()
     s = merge(out, partial=True)
     assert s["prompts_complete"] == 3 and s["prompts_missing"] == [1, 3]
+    assert s["merged_shards"] == 1 and s["shards"] == 2
+    main([str(out), "--partial"])
+    assert "merged 1 of 2 shard(s): 3 complete prompts, 2 missing" in capsys.readouterr().out
+    with RunLock(out, Shard(0, 2).records_name):  # a shard still being written is not merged
+        with pytest.raises(ValueError, match=r"samples.shard-000-of-002.jsonl is still being written by host .*pid "
+                                             rf"{os.getpid()}"):
+            merge(out, partial=True)
     other = tmp_path / "other"
     _run(other, "shard.index=1", "shard.count=2")
     s = merge(out, sources=[other])  # shards written in two folders
     assert _strip(_records(out)) == _strip(_records(single)) and s["prompts_missing"] == []
-    with pytest.raises(ValueError, match="another configuration.*differs in shards"):
+    with pytest.raises(ValueError, match="another configuration.*shards: 2 -> '<absent>'"):
         merge(out, sources=[single])  # an unsharded run of the same method
     foreign = tmp_path / "foreign"
     run(_compose("method=coolsd", "dataset.n_prompts=5", f"+out_dir={foreign}", "shard.index=1", "shard.count=2"))
@@ -108,10 +118,10 @@ def test_submitit_local_sweep_survives_a_sigkill_and_merges_to_the_one_process_r
         for f in sorted(run_dir.glob("samples.shard-*.jsonl")) if run_dir.exists() else []:
             n = len(f.read_text().splitlines())
             if 1 <= n < 5:  # this shard (3 prompts x 2 methods) has written a sample and is still working
-                pids = [int(p.name) for p in jobs.iterdir() if p.name.isdigit()] if jobs.exists() else []
+                pids = [int(p.name.split("_")[0]) for p in jobs.glob("*_submitted.pkl")] if jobs.exists() else []
                 for pid in pids:  # submitit's local job id is its controller; the job runs in its child
                     shard = f.name.split("-")[1]
-                    submitted = jobs / str(pid) / f"{pid}_submitted.pkl"
+                    submitted = jobs / f"{pid}_submitted.pkl"
                     if submitted.exists() and f"shard.index={int(shard)}" in submitted.read_bytes().decode("latin-1"):
                         children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
                         if children:
@@ -126,6 +136,9 @@ def test_submitit_local_sweep_survives_a_sigkill_and_merges_to_the_one_process_r
     assert proc.returncode != 0  # the sweep reports the killed job
     again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert f"python -m coolsd.merge {run_dir}" in again.stdout  # on the console, not only in .submitit logs
+    assert not list(sweep.rglob("%j")), "a literal %j folder"
+    assert sorted(p.name for p in run_dir.glob("*.log")) == [f"run.shard-00{k}-of-003.log" for k in range(3)]
     merge(run_dir)
     single = tmp_path / "single"
     _run(single, n=9)

@@ -158,5 +158,6 @@ def test_main_job_runs_every_method(tmp_path, method):
     for tag in tags:
         e = summary["results"][tag]
         assert 1.0 <= e["accepted_length"]["mean"] and e["latency_s"]["mean"] > 0
-        assert 0.0 <= e["toy_clip"]["mean"] <= 1.0 and e["toy_fid"]["fid"] >= 0
+        assert 0.0 <= e["toy_clip"]["mean"] <= 1.0
+        assert e["toy_fid"] is None and "n=2" in e["toy_fid_null_reason"]  # 2 images cannot fit a Gaussian
     assert "speedup" in summary["results"][tags[-1]] and (tmp_path / "grid.png").is_file()

@@ -212,7 +212,7 @@ def test_mean_ci_is_a_t_interval_and_bootstrap_is_seeded():
     ci = mean_ci(x)
     lo, hi = stats.t.interval(0.95, 49, loc=x.mean(), scale=stats.sem(x))
     assert ci["mean"] == pytest.approx(x.mean()) and ci["lo"] == pytest.approx(lo) and ci["hi"] == pytest.approx(hi)
-    assert mean_ci([0.5])["lo"] == 0.5
+    assert mean_ci([0.5]) == {"mean": 0.5, "n": 1, "no_ci": "n=1: no CI"}  # no interval from one value
     r = np.random.default_rng(4)
     a, b = r.normal(size=(120, 6)), r.normal(size=(150, 6)) + 0.3
     b1 = bootstrap_fid_ci(a, b, n_resamples=20, seed=7)
@@ -355,10 +355,11 @@ def test_toy_quality_reports_precision_recall_and_paired_differences(images):
     ext = ToyFeatureExtractor(_tiny_net(0))
     collapsed = np.repeat(images[:1], 45, axis=0)  # one image for every prompt
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # scipy: "Matrix is singular" (toy_fid of the collapsed set)
+        warnings.simplefilter("error")  # no scipy "Matrix is singular" on the collapsed set's zero covariance
         q = toy_quality(ext, {"ar": images, "collapsed": collapsed}, scenes, n_resamples=20)
     ref = ext(images)
     ar, col = q["ar"], q["collapsed"]
+    assert col["toy_fid"]["fid"] > ar["toy_fid"]["fid"]  # a collapsed generator is scored (badly), not refused
     assert ar["toy_precision"]["mean"] == ar["toy_recall"]["mean"] == 1.0
     assert ar["toy_recall_minus_ar"]["ci95"] == [0.0, 0.0]
     assert col["toy_precision"]["mean"] == 1.0  # the one image is a reference render
@@ -373,9 +374,9 @@ def test_toy_quality_reports_precision_recall_and_paired_differences(images):
     c = col["toy_recall"]
     assert _cell(c, 3) == f"{c['mean']:.3f} [{c['lo']:.3f}, {c['hi']:.3f}]"
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # scipy: "Matrix is singular" (toy_fid of 3 images)
+        warnings.simplefilter("error")
         few = toy_quality(ext, {"ar": images[:3]}, scenes[:3], n_resamples=5)["ar"]  # 3 < k + 1 prompts
-    assert few["toy_fid"] is not None
+    assert few["toy_fid"] is None and few["toy_fid_null_reason"].startswith("n=3 images")  # rank <= 2 < dims
     assert all(few[k] is None for k in ("toy_precision", "toy_recall", "toy_precision_minus_ar", "toy_recall_minus_ar"))
 
 

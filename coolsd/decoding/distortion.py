@@ -24,13 +24,13 @@ closed form here); the emitted token of a leaf's bonus draw is distributed as p 
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
 from coolsd.compiled import compiling
 from coolsd.decoding import lantern as _lantern
-from coolsd.decoding.rules import ExactRule, LanternRule, Rule, ScaledRule, acceptance_prob, gstar_residual
+from coolsd.decoding.rules import ExactRule, LanternRule, Rule, ScaledRule, acceptance_prob
 from coolsd.decoding.sampling import _TINY, normalize
 
 
@@ -50,7 +50,7 @@ def _gstar_emitted(p: torch.Tensor, q: torch.Tensor, a: torch.Tensor) -> torch.T
     """pi = min(q, a) + beta Norm(G*), formula (2) of docs/distortion.md, for any numerator a (..., V)."""
     accepted = torch.minimum(q, a)  # q(y) f(y) = min(q(y), a(y)) wherever q(y) > 0
     beta = (1 - accepted.sum(-1, keepdim=True)).clamp(min=0)
-    return accepted + beta * normalize(gstar_residual(p, q, a), p)
+    return accepted + beta * normalize(torch.clamp(p - accepted, min=0.0), p)  # G* = gstar_residual(p, q, a)
 
 
 # neighbour columns of the first block of the eager early-exit aggregation (_aggregate_all)
@@ -104,7 +104,8 @@ def _lantern_emitted(rule: LanternRule, p: torch.Tensor, q: torch.Tensor) -> tor
     symmetric, so that sum is a scatter over (x, j) -> y = nb_k1[x, j]. Since Delta_x(y) =
     min(p, q)(y) for y in N(x) does not depend on x, it factors: sum_x c(x) Delta_x(y) =
     min(p, q)(y) * sum_{x relaxed, y in N(x)} c(x), so only the (N, V) weights c are scattered
-    (an index_add with the flat (V (k+1),) index, no (N, V, k+1) index)."""
+    (``lantern.reverse_sum``: an index_add with the flat (V (k+1),) index in eager code, a gather
+    through the reverse neighbour table in compiled code)."""
     N, V = p.shape
     nb1 = rule.nb_k1
     p_tilde, relaxed = _aggregate_all(rule, p)
@@ -116,7 +117,7 @@ def _lantern_emitted(rule: LanternRule, p: torch.Tensor, q: torch.Tensor) -> tor
     if everyone:  # the sums over N(x) are the total less x's own term: O(V), not O(V^2)
         gain = m.sum(-1, keepdim=True) - m
     else:
-        gain = _lantern.at_neighbours(m, nb1).sum(-1)  # (N, V): sum_{y in N(x)} min(p, q)(y)
+        gain = _lantern.neighbour_sum(m, nb1)  # (N, V): sum_{y in N(x)} min(p, q)(y)
     s = r0.sum(-1, keepdim=True) + torch.where(relaxed, gain, torch.zeros_like(gain))  # (N, V): mass of r_x
     ok = s > _TINY
     c = torch.where(ok, w / torch.where(ok, s, torch.ones_like(s)), torch.zeros_like(s))  # weight of Norm(r_x)
@@ -125,8 +126,7 @@ def _lantern_emitted(rule: LanternRule, p: torch.Tensor, q: torch.Tensor) -> tor
     if everyone:
         into = cr.sum(-1, keepdim=True) - cr  # sum over x != y
     else:
-        k1 = nb1.shape[1]
-        into = torch.zeros_like(p).index_add_(1, nb1.reshape(-1), cr.unsqueeze(-1).expand(N, V, k1).reshape(N, V * k1))
+        into = _lantern.reverse_sum(cr, nb1, rule.rev_k1)  # (N, V): sum_{x relaxed, y in N(x)} c(x)
     return pi + m * into
 
 
@@ -140,37 +140,75 @@ def kl(pi: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     return (torch.special.xlogy(pi, pi) - torch.special.xlogy(pi, p)).sum(-1)
 
 
+def expected_nll(pi: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+    """-sum_y pi(y) log p(y) along the last dim (0 log 0 = 0): the expected NLL of a token drawn
+    from pi, i.e. the cross-entropy H(pi, p) (docs/distortion.md, Expected NLL); inf if pi has mass
+    where p has none. ``logp`` must be finite (``generate.target_log_probs`` clamps -inf to the
+    dtype's lowest value), so that 0 * log p = 0 without masking: one product."""
+    return -torch.linalg.vecdot(pi, logp.to(pi.dtype))
+
+
+def lossless(rule: Rule, depth: int) -> bool:
+    """Whether the rule emits p itself at every chain depth 1..depth (a = p: exact rules, omega = 1)."""
+    return isinstance(rule, ExactRule) or (isinstance(rule, ScaledRule)
+                                           and all(rule.weight(d) == 1.0 for d in range(1, depth + 1)))
+
+
+class ChainSignals(NamedTuple):
+    """Per-depth signals of the emitted token along a chain, each (B, depth): TV(pi, p), KL(pi || p)
+    and, when log-probabilities were given, the expected NLL -sum pi log p (else None)."""
+
+    tv: torch.Tensor
+    kl: torch.Tensor
+    nll_expected: Optional[torch.Tensor] = None
+
+
+# eager LANTERN rows are selected (only the emitted depths computed) from this many rows on; fewer
+# (batch 1) cost less computed whole than the selection's dozen ops
+_SELECT_ROWS_FROM = 8
+
+
 def chain_distortion(rule: Rule, p: torch.Tensor, q: torch.Tensor, depth: int,
-                     need: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     need: Optional[torch.Tensor] = None, logp: Optional[torch.Tensor] = None) -> ChainSignals:
     """Per-depth (TV, KL) of the emitted token along a chain, each (B, depth): p (B, n+1, V) the
     target at every node (node d-1 verifies depth d), q (B, n+1, V) the draft distribution of
-    every node's token (node d at depth d). All depths in one batched pass.
+    every node's token (node d at depth d). All depths in one batched pass. ``logp`` (B, n+1, V):
+    the log-probabilities the target's NLL scores tokens with (``generate.target_log_probs``);
+    given, the result also holds each depth's expected NLL (``expected_nll`` of pi).
 
     ``need`` (B, depth) bool: the depths whose token the round emitted (verified there); for LANTERN
     rules in eager mode only those rows are computed (the others are 0: the round never reached
-    them), about half of them at a typical acceptance. Other rules, and compiled rounds (static
-    shapes), compute every row."""
+    them), about half of them at a typical acceptance, once there are ``_SELECT_ROWS_FROM`` rows.
+    Other rules, and compiled rounds (static shapes), compute every row."""
     B, V = p.shape[0], p.shape[-1]
-    omega = [rule.weight(j) for j in range(1, depth + 1)] if isinstance(rule, ScaledRule) else None
-    if depth == 0 or isinstance(rule, ExactRule) or (omega is not None and all(w == 1.0 for w in omega)):
+    P = p[:, :depth]
+    L = logp[:, :depth] if logp is not None else None
+
+    def signals(pi, P, L):
+        return ChainSignals(tv(pi, P), kl(pi, P), expected_nll(pi, L) if L is not None else None)
+
+    if depth == 0 or lossless(rule, depth):
         z = p.new_zeros(B, depth)  # lossless at every depth: pi = p exactly
-        return z, z
-    P, Q = p[:, :depth], q[:, 1 : depth + 1].to(p.dtype)  # (B, D, V)
+        return ChainSignals(z, z, expected_nll(P, L) if L is not None else None)
+    Q = q[:, 1 : depth + 1].to(p.dtype)  # (B, D, V)
     if isinstance(rule, ScaledRule):  # cheap rows: every depth at once, omega_d broadcast over the batch
+        omega = [rule.weight(j) for j in range(1, depth + 1)]
         w = torch.tensor(omega, dtype=P.dtype, device=P.device).view(1, depth, 1)
-        pi = torch.where(w == 1.0, P, _gstar_emitted(P, Q, w * P))  # a = p at that depth: exactly p
-        return tv(pi, P), kl(pi, P)
+        pi = _gstar_emitted(P, Q, w * P)
+        if 1.0 in omega:  # a = p at that depth: exactly p (formula (2) would leave rounding residue)
+            pi = torch.where(w == 1.0, P, pi)
+        return signals(pi, P, L)
     if not isinstance(rule, LanternRule):  # any other rule: depth by depth
         pi = torch.stack([emitted_distribution(rule, P[:, d - 1], Q[:, d - 1], d) for d in range(1, depth + 1)], 1)
-        return tv(pi, P), kl(pi, P)
+        return signals(pi, P, L)
     # LANTERN: depth-independent, O(V k) a row; eager computes only the rows the round emitted
     P, Q = P.reshape(B * depth, V), Q.reshape(B * depth, V)
-    rows = need.reshape(-1).nonzero().squeeze(1) if need is not None and not compiling() else None
+    L = L.reshape(B * depth, V) if L is not None else None
+    select = need is not None and not compiling() and B * depth >= _SELECT_ROWS_FROM
+    rows = need.reshape(-1).nonzero().squeeze(1) if select else None
     if rows is not None:
-        P, Q = P[rows], Q[rows]
-    pi = emitted_distribution(rule, P, Q, 1)
-    tv_r, kl_r = tv(pi, P), kl(pi, P)
-    if rows is not None:
-        tv_r = P.new_zeros(B * depth).index_copy_(0, rows, tv_r)
-        kl_r = P.new_zeros(B * depth).index_copy_(0, rows, kl_r)
-    return tv_r.view(B, depth), kl_r.view(B, depth)
+        P, Q, L = P[rows], Q[rows], (L[rows] if L is not None else None)
+    out = signals(emitted_distribution(rule, P, Q, 1), P, L)
+    if rows is not None:  # rows the round never reached: 0 (never written)
+        out = ChainSignals(*(P.new_zeros(B * depth).index_copy_(0, rows, x) if x is not None else None for x in out))
+    return ChainSignals(*(x.view(B, depth) if x is not None else None for x in out))

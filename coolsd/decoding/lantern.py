@@ -1,7 +1,15 @@
 """LANTERN / LANTERN++ latent neighbourhoods and aggregated probabilities (METHODS.md 3)."""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
+
+from coolsd.compiled import compiling
+
+# compiled code reads neighbour columns one by one (k gathers fused into one loop over (N, V))
+# for up to this many columns; more (LANTERN's k = 1000) would unroll into a huge graph
+UNROLL_MAX = 33
 
 
 def neighbours_from_codebook(codebook: torch.Tensor, k: int | None = None) -> torch.Tensor:
@@ -33,6 +41,8 @@ def aggregate(
     c_m <= delta (LANTERN) or c_m <= (lam - 1) * p(x) (LANTERN++). Since c_m is non-decreasing
     the admissible m form a prefix, so m* = their count.
     """
+    if tokens is None and compiling() and neighbours.shape[1] <= UNROLL_MAX:
+        return _aggregate_unrolled(p, neighbours, lam, delta)
     if tokens is None:
         c = at_neighbours(p, neighbours).cumsum(-1)  # (B, V, k)
         px = p
@@ -46,6 +56,66 @@ def aggregate(
         count > 0, c.gather(-1, (count - 1).clamp(min=0).unsqueeze(-1)).squeeze(-1), torch.zeros_like(px)
     )
     return px + c_star, count > 0
+
+
+def _aggregate_unrolled(p: torch.Tensor, nb: torch.Tensor, lam, delta) -> tuple[torch.Tensor, torch.Tensor]:
+    """``aggregate(p, nb, None)`` for compiled code, bit for bit on the CPU: c_m accumulated column
+    by column in float64 and rounded to p's dtype (what the CPU's ``cumsum`` does for float32 and
+    float64 alike), and since c_m is non-decreasing the last admissible c_m is the largest, so p~ =
+    p + the running max-admissible value and m* > 0 iff c_1 is admissible. Inductor fuses the k
+    gathers into one pass over (N, V) instead of materialising (N, V, k) and scanning it (6x less
+    time on the toy world's shapes, ``benchmarks/signal_overhead.py``)."""
+    budget = (lam - 1) * p if lam is not None else torch.full_like(p, delta)
+    acc = torch.zeros(p.shape, dtype=torch.float64, device=p.device)
+    best = torch.zeros_like(p)
+    relaxed = None
+    for j in range(nb.shape[1]):
+        acc = acc + p[:, nb[:, j]].to(torch.float64)
+        c = acc.to(p.dtype)
+        ok = c <= budget
+        best = torch.where(ok, c, best)
+        relaxed = ok if relaxed is None else relaxed
+    return p + best, relaxed
+
+
+def neighbour_sum(v: torch.Tensor, nb: torch.Tensor) -> torch.Tensor:
+    """(N, V): sum_j v[n, nb[x, j]] at [n, x], the sum of v over each token's neighbours."""
+    if compiling() and nb.shape[1] <= UNROLL_MAX:  # fused gathers (see _aggregate_unrolled)
+        out = v[:, nb[:, 0]]
+        for j in range(1, nb.shape[1]):
+            out = out + v[:, nb[:, j]]
+        return out
+    return at_neighbours(v, nb).sum(-1)
+
+
+def reverse_neighbours(nb: torch.Tensor) -> torch.Tensor:
+    """(V, W) long: row y lists the tokens x with y among nb[x] (in increasing x), padded with V
+    (an index past the vocabulary: ``reverse_sum`` reads 0 there); W = the largest in-degree."""
+    V, k = nb.shape
+    flat = nb.reshape(-1)
+    order = torch.sort(flat, stable=True).indices  # by target y, sources x increasing within each y
+    y = flat[order]
+    counts = torch.bincount(flat, minlength=V)
+    start = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(flat.numel(), device=nb.device) - start[y]
+    rev = torch.full((V, max(int(counts.max()), 1)), V, dtype=torch.long, device=nb.device)
+    rev[y, rank] = order // k
+    return rev
+
+
+def reverse_sum(c: torch.Tensor, nb: torch.Tensor, rev: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """(N, V): sum over the x with y in nb[x] of c[n, x], at [n, y] (the transpose of
+    ``neighbour_sum``); ``rev`` = ``reverse_neighbours(nb)`` or None. Compiled with a reverse table:
+    fused gathers through it (no scatter); otherwise one index_add over nb's flat index."""
+    N, V = c.shape
+    if compiling() and rev is not None and rev.shape[1] <= 4 * UNROLL_MAX:
+        padded = torch.cat([c, torch.zeros(N, 1, dtype=c.dtype, device=c.device)], 1)
+        out = padded[:, rev[:, 0]]
+        for j in range(1, rev.shape[1]):
+            out = out + padded[:, rev[:, j]]
+        return out
+    k = nb.shape[1]
+    return torch.zeros_like(c).index_add_(1, nb.reshape(-1), c.unsqueeze(-1).expand(N, V, k).reshape(N, V * k))
 
 
 def at_neighbours(v: torch.Tensor, nb: torch.Tensor) -> torch.Tensor:

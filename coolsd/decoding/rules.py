@@ -86,6 +86,8 @@ class LanternRule(Rule):
     def __init__(self, neighbours: torch.Tensor, k: int, *, lam=None, delta=None, resample="lantern"):
         self.nb_k = neighbours[:, :k]
         self.nb_k1 = neighbours[:, : k + 1]  # LANTERN zeroes k+1 neighbours (reference code)
+        # who has each token among its k+1 neighbours (the exact distortion's scatter as a gather, compiled)
+        self.rev_k1 = _lantern.reverse_neighbours(self.nb_k1) if k + 1 <= _lantern.UNROLL_MAX else None
         self.lam, self.delta, self.resample = lam, delta, resample
 
     def numerator(self, p_res, depth):

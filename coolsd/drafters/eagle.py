@@ -29,7 +29,6 @@ logits predict x_{j+1}.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping, Optional
 
@@ -95,8 +94,9 @@ class EagleConfig:
         by ``input_type``; a ``block_size`` entry (written by ``to_lantern_json`` for drafters
         trained here on other grids) takes precedence."""
         if isinstance(config, str):
-            with open(config) as f:
-                config = json.load(f)
+            from coolsd.loading import read_json
+
+            config = read_json(config, "a LANTERN drafter config.json", DRAFTER_SOURCE)
         if config.get("hidden_act", "silu") != "silu":
             raise ValueError(f"only silu drafters are supported, got {config['hidden_act']!r}")
         kv = config.get("num_key_value_heads", config["num_attention_heads"])
@@ -281,14 +281,15 @@ class EagleHead(nn.Module):
         jadohu/llamagen_drafter or an ``accelerator.save_state`` model file). Non-persistent
         rotary buffers some transformers versions saved are dropped; a ``module.`` prefix is
         stripped."""
-        sd = {}
-        for k, v in state_dict.items():
-            k = k[len("module."):] if k.startswith("module.") else k
-            if k.endswith("rotary_emb.inv_freq"):
-                continue
-            sd[k] = v
-        self.load_state_dict(sd, strict=True)
+        self.load_state_dict(self.lantern_state(state_dict), strict=True)
         self.embed_tokens.weight.requires_grad_(False)
+
+    @staticmethod
+    def lantern_state(state_dict: Mapping[str, torch.Tensor]) -> dict:
+        """A LANTERN drafter state dict in this module's key layout (``module.`` stripped, saved
+        rotary buffers dropped), as ``load_lantern`` loads it."""
+        return {k[len("module."):] if k.startswith("module.") else k: v for k, v in state_dict.items()
+                if not k.endswith("rotary_emb.inv_freq")}
 
 
 def head_logits(hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
@@ -458,30 +459,29 @@ DRAFTER_SOURCE = ("https://huggingface.co/jadohu/llamagen_drafter (config.json +
 def load_eagle_head(folder, target) -> EagleHead:
     """LANTERN's drafter folder (``config.json`` + ``pytorch_model.bin`` or ``model.safetensors``),
     strictly loaded, for the ``LlamaGenGPT`` ``target``; its embedding must equal the target's
-    shape (a drafter of another target is an error)."""
-    import os
-    from pathlib import Path
+    shape (a drafter of another target is an error). Every failure (no folder, an empty or
+    invalid config.json, keys LANTERN's config lacks, weights of another model) is one
+    ``coolsd.errors.InputFileError`` naming the file."""
+    from coolsd.loading import (BadInputFile, MissingInputFile, check_state_dict, read_json, read_torch_checkpoint,
+                                reading, require_file)
 
-    from coolsd.models.llamagen_vq import read_torch_checkpoint
-
-    d = Path(os.fspath(folder))
+    d = require_file(folder, "EAGLE drafter folder", DRAFTER_SOURCE, folder=True)
     weights = next((d / n for n in ("model.safetensors", "pytorch_model.bin") if (d / n).is_file()), None)
     if not (d / "config.json").is_file() or weights is None:
-        raise FileNotFoundError(f"drafter folder {d} needs config.json and pytorch_model.bin (or model.safetensors); "
-                                f"download {DRAFTER_SOURCE}")
-    raw = json.loads((d / "config.json").read_text())
-    cfg = EagleConfig.from_lantern(raw)
+        raise MissingInputFile(f"drafter folder {d} needs config.json and pytorch_model.bin (or model.safetensors); "
+                               f"download {DRAFTER_SOURCE}")
+    what = "a LANTERN drafter config.json (hidden_size, num_attention_heads, intermediate_size, vocab_size, ...)"
+    raw = read_json(d / "config.json", what, DRAFTER_SOURCE)
+    with reading(d / "config.json", what, DRAFTER_SOURCE):
+        cfg = EagleConfig.from_lantern(raw)
     t = target.config
     if (cfg.hidden_size, cfg.vocab_size, cfg.block_size) != (t.dim, t.vocab_size, t.block_size):
-        raise ValueError(f"drafter {d} is for hidden {cfg.hidden_size}, vocab {cfg.vocab_size}, {cfg.block_size} tokens; "
-                         f"the target has {t.dim}, {t.vocab_size}, {t.block_size}")
-    if weights.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        state = load_file(str(weights))
-    else:
-        state = read_torch_checkpoint(weights, "drafter weights", DRAFTER_SOURCE)
+        raise BadInputFile(f"drafter {d} is for hidden {cfg.hidden_size}, vocab {cfg.vocab_size}, {cfg.block_size} "
+                           f"tokens; the target has {t.dim}, {t.vocab_size}, {t.block_size} (a drafter of another "
+                           f"target; download {DRAFTER_SOURCE})")
+    state = EagleHead.lantern_state(read_torch_checkpoint(weights, "EAGLE drafter weights", DRAFTER_SOURCE))
     head = EagleHead(cfg)
+    check_state_dict(head, state, weights, DRAFTER_SOURCE)
     head.load_lantern(state)
     # LANTERN's drafters were trained with the text-slot prefix; ours (python -m coolsd.drafters.train) without
     head.text_prefix = bool(raw.get("text_prefix", True))

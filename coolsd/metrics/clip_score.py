@@ -175,25 +175,35 @@ _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.in
                  "pytorch_model.bin.index.json")
 
 
-def _resolve_model_dir(local_dir) -> Path:
+CLIP_FILES = ("config.json", _WEIGHT_FILES, "vocab.json", "merges.txt")  # a tuple entry: any one of them
+CLIP_SOURCE = f"https://huggingface.co/{CLIP_HF_REPO} (hf download {CLIP_HF_REPO} --local-dir <folder>)"
+
+
+def snapshot_dir(local_dir) -> Path:
     """The folder itself, or for an HF cache entry (``models--openai--clip-vit-base-patch32``)
-    the snapshot that ``refs/main`` points to. Raises FileNotFoundError naming what is missing."""
+    the snapshot that ``refs/main`` points to (nothing checked)."""
     d = Path(os.path.expanduser(str(local_dir)))
     ref = d / "refs" / "main"
     if ref.is_file() and (d / "snapshots").is_dir():
         d = d / "snapshots" / ref.read_text().strip()
+    return d
+
+
+def _resolve_model_dir(local_dir) -> Path:
+    """``snapshot_dir``, checked to hold ``CLIP_FILES``: else FileNotFoundError naming what is missing."""
+    d = snapshot_dir(local_dir)
     where = (f"Expected a local snapshot of the Hugging Face repo {CLIP_HF_REPO} (the HF port of "
              f"OpenAI's ViT-B/32 used by LANTERN's CLIP score) with config.json, model.safetensors "
              f"or pytorch_model.bin, vocab.json and merges.txt; fetch it on a machine with internet, "
              f"e.g. `hf download {CLIP_HF_REPO} --local-dir <folder>`, and copy the folder here.")
+    from coolsd.loading import MissingInputFile
+
     if not d.is_dir():
-        raise FileNotFoundError(f"CLIP model folder {str(d)!r} does not exist. {where}")
-    missing = [] if (d / "config.json").is_file() else ["config.json"]
-    if not any((d / f).is_file() for f in _WEIGHT_FILES):
-        missing.append("model.safetensors or pytorch_model.bin")
-    missing += [f for f in ("vocab.json", "merges.txt") if not (d / f).is_file()]
+        raise MissingInputFile(f"CLIP model folder {str(d)!r} does not exist. {where}")
+    missing = [" or ".join(c[:2]) if isinstance(c, tuple) else c for c in CLIP_FILES
+               if not any((d / f).is_file() for f in (c if isinstance(c, tuple) else (c,)))]
     if missing:
-        raise FileNotFoundError(f"CLIP model folder {str(d)!r} lacks {', '.join(missing)}. {where}")
+        raise MissingInputFile(f"CLIP model folder {str(d)!r} lacks {', '.join(missing)}. {where}")
     return d
 
 
@@ -251,11 +261,14 @@ class ClipScorer:
         """Load ``CLIPModel`` and ``CLIPTokenizer`` from a local folder (never the network:
         ``local_files_only=True``); ``kwargs`` go to ``ClipScorer(...)``. A missing folder or file
         raises FileNotFoundError saying what is expected and where it comes from."""
+        from coolsd.loading import reading
+
         d = _resolve_model_dir(local_dir)
         from transformers import CLIPModel, CLIPTokenizer  # lazy: importing transformers takes seconds
 
-        model = CLIPModel.from_pretrained(str(d), local_files_only=True)
-        tokenizer = CLIPTokenizer.from_pretrained(str(d), local_files_only=True)
+        with reading(d, f"a local {CLIP_HF_REPO} folder", f"https://huggingface.co/{CLIP_HF_REPO}"):
+            model = CLIPModel.from_pretrained(str(d), local_files_only=True)
+            tokenizer = CLIPTokenizer.from_pretrained(str(d), local_files_only=True)
         return cls(model, tokenizer, source=str(d), **kwargs)
 
     # -- text --

@@ -117,18 +117,40 @@ def frechet_distance_sym(mu1, sigma1, mu2, sigma2, sqrt_sigma2=None) -> float:
     return float(diff @ diff + np.trace(sigma1) + np.trace(sigma2) - 2 * np.sqrt(np.clip(ev, 0, None)).sum())
 
 
+def fid_sample_size_reason(*feature_sets) -> str | None:
+    """Why (n, d) feature sets are too small for Fréchet distances between their Gaussian fits,
+    or None where they are not. The rule: each fit needs a full-rank covariance on the feature
+    coordinates that vary in any of the sets, which needs more images than there are such
+    coordinates (an n-image covariance has rank <= n - 1). Coordinates constant in every set
+    (dead ReLU units) carry no covariance and do not count (89 of the toy network's 128 vary at
+    all). The rule is on the sample size only: a collapsed generator (every image alike) is not
+    refused, its distance is large, as it should be."""
+    sets = [_as_float64(f) for f in feature_sets]
+    n = min(len(x) for x in sets)
+    varying = int(np.logical_or.reduce([np.ptp(x, 0) > 0 for x in sets if len(x)]).sum()) if n else 0
+    need = max(varying, 1)
+    if n > need:
+        return None
+    if n < 2:
+        return f"n={n} image(s): a covariance needs at least 2 (and more than the feature dims that vary)"
+    return (f"n={n} images: a Gaussian fit needs more images than the {varying} feature dims that vary "
+            f"(covariance rank <= n - 1); run more than {need} prompts")
+
+
 def fid_from_features(features_a, features_b, eps: float = 1e-6) -> float:
     """Fréchet distance between Gaussian fits of two (n, d) feature sets."""
     return frechet_distance(*feature_statistics(features_a), *feature_statistics(features_b), eps=eps)
 
 
 def bootstrap_fid_ci(features_gen, mu_ref, sigma_ref, n_resamples: int = 200, seed: int = 0,
-                     confidence: float = 0.95, ref_sampler=None) -> dict:
+                     confidence: float = 0.95, ref_sampler=None, sqrtm_point: bool = True) -> dict:
     """Fréchet distance of generated features to fixed reference statistics, with a bootstrap
     interval over the generated images (each resample draws n of n with replacement from
     ``numpy.random.default_rng(seed)``; ``ref_sampler(rng) -> (mu, sigma)``, if given, also
     redraws the reference after each generated draw). Resample distances use
-    ``frechet_distance_sym``.
+    ``frechet_distance_sym``; the point estimate ``frechet_distance`` (pytorch-fid's numbers),
+    or ``frechet_distance_sym`` with ``sqrtm_point=False`` (no scipy warning on a singular
+    covariance, e.g. features with dead units).
 
     FID is biased upward at finite n, and a resample with duplicates has ~0.63 n distinct
     images, so the bootstrap distribution sits well above the point estimate (its raw
@@ -143,7 +165,7 @@ def bootstrap_fid_ci(features_gen, mu_ref, sigma_ref, n_resamples: int = 200, se
     g = _as_float64(features_gen)
     if n_resamples < 2:
         raise ValueError(f"n_resamples must be >= 2, got {n_resamples}")
-    point = frechet_distance(*feature_statistics(g), mu_ref, sigma_ref)
+    point = (frechet_distance if sqrtm_point else frechet_distance_sym)(*feature_statistics(g), mu_ref, sigma_ref)
     rng = np.random.default_rng(seed)
     mu_r, sig_r = mu_ref, sigma_ref
     sqrt_r = sqrt_psd(sig_r)

@@ -20,7 +20,7 @@ import numpy as np
 
 SOURCE = "https://huggingface.co/THUDM/ImageReward (files ImageReward.pt and med_config.json)"
 INSTALL = ("create a separate environment for it (python -m venv ir && ir/bin/pip install image-reward) and "
-           "set metrics.image_reward.python=ir/bin/python")
+           "pass its interpreter (python -m coolsd.evaluate --ir-python ir/bin/python, or $IMAGEREWARD_PYTHON)")
 WORKER = Path(__file__).with_name("image_reward_worker.py")
 
 
@@ -30,10 +30,12 @@ class ImageRewardScorer:
         self.checkpoint, self.med_config = Path(checkpoint or ""), Path(med_config or "")
         self.python = str(python or sys.executable)
         self.device, self.env = device, env
+        from coolsd.loading import MissingInputFile
+
         for what, p in (("checkpoint", self.checkpoint), ("med_config", self.med_config)):
             if not str(p) or not p.is_file():
-                raise FileNotFoundError(f"ImageReward {what} file {str(p) or '(not set)'} not found; set "
-                                        f"metrics.image_reward.{what}=/path (it comes from {SOURCE})")
+                raise MissingInputFile(f"ImageReward {what} file {str(p) or '(not set)'} not found; it comes from "
+                                       f"{SOURCE}")
         probe = self._run([self.python, "-c", "import ImageReward"], timeout=600, check=False)
         if probe.returncode != 0:
             raise RuntimeError(f"{self.python} cannot import the ImageReward package (optional extra); {INSTALL}. "
@@ -44,7 +46,9 @@ class ImageRewardScorer:
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         except FileNotFoundError:
-            raise FileNotFoundError(f"ImageReward interpreter {self.python} does not exist; {INSTALL}") from None
+            from coolsd.loading import MissingInputFile
+
+            raise MissingInputFile(f"ImageReward interpreter {self.python} does not exist; {INSTALL}") from None
         if check and proc.returncode != 0:
             raise RuntimeError(f"ImageReward worker failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
         return proc

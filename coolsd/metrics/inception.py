@@ -296,19 +296,16 @@ def load_inception(path: str | os.PathLike | None = None, device: str | torch.de
     ``num_batches_tracked`` (the official file has none) is filled with 0. Returns the model in
     eval mode with ``requires_grad`` off.
     """
+    from coolsd.loading import BadInputFile, MissingInputFile, torch_load
+
     path = os.fspath(default_inception_path() if path is None else path)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"Inception weights not found: {path}. FID needs torch-fidelity's "
-                                f"{WEIGHTS_NAME} (download it from {WEIGHTS_URL} and pass its path, "
-                                f"or place it at {default_inception_path()}).")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        detail = " ".join(str(e).split())[:300]
-        raise ValueError(f"{path} is not a readable PyTorch weight file ({type(e).__name__}: {detail}); "
-                         f"expected {WEIGHTS_NAME} from {WEIGHTS_URL}") from e
+        raise MissingInputFile(f"Inception weights not found: {path}. FID needs torch-fidelity's "
+                               f"{WEIGHTS_NAME} (download it from {WEIGHTS_URL} and pass its path, "
+                               f"or place it at {default_inception_path()}).")
+    state = torch_load(path, f"the FID Inception-v3 weights {WEIGHTS_NAME}", WEIGHTS_URL)
     if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
-        raise ValueError(f"{path} does not hold a state dict (dict of str -> Tensor) but a {type(state).__name__}; "
+        raise BadInputFile(f"{path} does not hold a state dict (dict of str -> Tensor) but a {type(state).__name__}; "
                          f"expected {WEIGHTS_NAME} from {WEIGHTS_URL}")
     expected = expected_state_shapes()
     given = {k: v for k, v in state.items() if not k.endswith("num_batches_tracked")}
@@ -328,14 +325,14 @@ def load_inception(path: str | os.PathLike | None = None, device: str | torch.de
             parts.append("mismatched: " + ", ".join(
                 f"{k} {tuple(given[k].shape)} {given[k].dtype} (expected {mismatched[k][1]} float)" for k in bad)
                 + (f", ... ({len(mismatched)} in all)" if len(mismatched) > 8 else ""))
-        raise ValueError(f"{path} is not the FID Inception-v3 weight file {WEIGHTS_NAME} ({'; '.join(parts)}); "
+        raise BadInputFile(f"{path} is not the FID Inception-v3 weight file {WEIGHTS_NAME} ({'; '.join(parts)}); "
                          f"download it from {WEIGHTS_URL}")
     if check_hash:
         m = _HASH_IN_NAME.search(os.path.basename(path))
         if m is not None:
             digest = sha256_file(path)
             if not digest.startswith(m.group(1)):
-                raise ValueError(f"{path}: SHA-256 {digest[:16]}... does not start with {m.group(1)} as its file name "
+                raise BadInputFile(f"{path}: SHA-256 {digest[:16]}... does not start with {m.group(1)} as its file name "
                                  f"says (corrupted or modified file?); re-download it from {WEIGHTS_URL}")
     state = dict(state)  # a plain dict: no _metadata, so no version-dependent BatchNorm handling
     for k in expected:

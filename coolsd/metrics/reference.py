@@ -24,19 +24,21 @@ COCO_IMAGES_SOURCE = ("val2017.zip from https://cocodataset.org/#download "
 def coco_image_files(images_dir, image_ids: Sequence[int] | None = None) -> list[Path]:
     """The val2017 JPEGs (``%012d.jpg``) of ``image_ids`` in that order, or every ``*.jpg`` of the
     folder sorted by name. A missing folder or image is an error naming it and its source."""
+    from coolsd.loading import MissingInputFile
+
     d = Path(images_dir) if images_dir else None
     if d is None or not d.is_dir():
-        raise FileNotFoundError(f"COCO val2017 image folder {d} not found; set dataset.images=/path/to/val2017 "
-                                f"(it comes from {COCO_IMAGES_SOURCE})")
+        raise MissingInputFile(f"COCO val2017 image folder {d or '(not set)'} not found; it comes from "
+                               f"{COCO_IMAGES_SOURCE}")
     if image_ids is None:
         files = sorted(d.glob("*.jpg"))
         if not files:
-            raise FileNotFoundError(f"{d} holds no .jpg images; expected the COCO val2017 folder ({COCO_IMAGES_SOURCE})")
+            raise MissingInputFile(f"{d} holds no .jpg images; expected the COCO val2017 folder ({COCO_IMAGES_SOURCE})")
         return files
     files = [d / f"{int(i):012d}.jpg" for i in image_ids]
     missing = [f.name for f in files if not f.is_file()]
     if missing:
-        raise FileNotFoundError(f"{len(missing)} of {len(files)} COCO images are missing from {d} (e.g. "
+        raise MissingInputFile(f"{len(missing)} of {len(files)} COCO images are missing from {d} (e.g. "
                                 f"{', '.join(missing[:3])}); expected the full val2017 folder ({COCO_IMAGES_SOURCE})")
     return files
 

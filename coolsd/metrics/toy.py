@@ -22,8 +22,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from coolsd.stats import mean_ci
-from coolsd.metrics.fid import _as_float64, feature_statistics, fid_from_features, frechet_distance_sym, sqrt_psd
+from coolsd.stats import FRACTION, NULL_REASON, mean_ci
+from coolsd.metrics.fid import _as_float64, feature_statistics, fid_sample_size_reason, frechet_distance_sym, sqrt_psd
 from coolsd.metrics.fid import bootstrap_fid_ci as fid_bootstrap
 
 
@@ -72,8 +72,10 @@ def toy_clip(pred_attrs: dict, caption_attrs: dict) -> float:
 
 
 def toy_fid(features_gen, features_ref) -> float:
-    """Fréchet distance between Gaussian fits of generated and reference toy features."""
-    return fid_from_features(features_gen, features_ref)
+    """Fréchet distance between Gaussian fits of generated and reference toy features, through
+    ``frechet_distance_sym`` (symmetric eigenvalues: equal to the sqrtm formula to ~1e-9 and
+    without its "Matrix is singular" warning on the dead units' zero rows)."""
+    return frechet_distance_sym(*feature_statistics(features_gen), *feature_statistics(features_ref))
 
 
 def bootstrap_fid_ci(
@@ -94,7 +96,7 @@ def bootstrap_fid_ci(
     r = _as_float64(features_ref)
     sampler = (lambda rng: feature_statistics(r[rng.integers(0, len(r), len(r))])) if resample_ref else None
     out = fid_bootstrap(features_gen, *feature_statistics(r), n_resamples=n_resamples, seed=seed,
-                        confidence=confidence, ref_sampler=sampler)
+                        confidence=confidence, ref_sampler=sampler, sqrtm_point=False)
     return {**out, "n_ref": len(r), "resample_ref": resample_ref}
 
 
@@ -135,7 +137,7 @@ def paired_fid_contrast_ci(features: dict, weights: dict, features_ref, n_resamp
 
     def contrast(idx=None):
         if idx is None:
-            return sum(w * fid_from_features(feats[t], r) for t, w in weights.items())
+            return sum(w * toy_fid(feats[t], r) for t, w in weights.items())
         mu_r, sig_r = feature_statistics(r[idx])
         sq = sqrt_psd(sig_r)
         return sum(w * frechet_distance_sym(*feature_statistics(feats[t][idx]), mu_r, sig_r, sqrt_sigma2=sq)
@@ -301,17 +303,18 @@ def paired_precision_recall_difference_ci(features_a, features_b, features_ref, 
 
 
 def toy_quality(extractor, images: dict, scenes, n_resamples: int = 200) -> dict:
-    """Per method tag: toy_clip (95% t-CI over prompts), toy_fid (bootstrap CI), toy_precision
+    """Per method tag: toy_clip (its fraction interval over prompts, ``coolsd.stats.FRACTION``:
+    within [0, 1]), toy_fid (bootstrap CI), toy_precision
     and toy_recall (bootstrap percentile CI over prompts) of its images (``images``: tag ->
     (n, H, W, 3) uint8, prompt-aligned with ``scenes``) against renders of the same scenes, and,
     where ``ar`` is among the tags, the paired differences to it (same prompts, same seeds; for
     precision / recall the same resampled prompts for the method, ``ar`` and the renders). With
-    fewer than 2 prompts a covariance does not exist: toy_fid and its difference are None; with
-    fewer than ``PR_K`` + 1 prompts k-th neighbours do not exist: the precision / recall entries
-    are None."""
+    no more prompts than feature dims that vary (``fid_sample_size_reason``) the Gaussian fits are
+    rank deficient: toy_fid (and its difference) is None and ``toy_fid_null_reason`` (``coolsd.stats.NULL_REASON``) says why;
+    with fewer than ``PR_K`` + 1 prompts k-th neighbours do not exist: the precision / recall
+    entries are None."""
     from coolsd.toy.scenes import render_batch
 
-    fid_ok = len(scenes) >= 2
     ref_feats = extractor(render_batch(scenes))
     attrs = caption_attributes(scenes)
     scored = {tag: extractor.features_and_predictions(imgs) for tag, imgs in images.items()}
@@ -320,18 +323,21 @@ def toy_quality(extractor, images: dict, scenes, n_resamples: int = 200) -> dict
     if pr_ok:  # one bootstrap for all tags: its resamples are bootstrap_precision_recall_ci's (seed 0)
         pr_point, pr_boots = _pr_bootstrap({tag: f for tag, (f, _) in scored.items()}, ref_feats, PR_K, n_resamples, 0)
     pr_kw = dict(confidence=0.95, n=len(scenes), k=PR_K, n_resamples=n_resamples, seed=0)
+    why = fid_sample_size_reason(ref_feats, *(f for f, _ in scored.values()))  # one rule for every tag
     out = {}
     for tag, (feats, _) in scored.items():
-        e = {"toy_clip": mean_ci(clip[tag]),
-             "toy_fid": bootstrap_fid_ci(feats, ref_feats, n_resamples=n_resamples, seed=0) if fid_ok else None}
+        e = {"toy_clip": mean_ci(clip[tag], domain=FRACTION, name="toy_clip"),
+             "toy_fid": None if why else bootstrap_fid_ci(feats, ref_feats, n_resamples=n_resamples, seed=0)}
         pr = _percentile_cis(pr_point[tag], pr_boots[tag], **pr_kw) if pr_ok else {}
         e["toy_precision"], e["toy_recall"] = pr.get("precision"), pr.get("recall")
         if "ar" in scored:
-            e["toy_clip_minus_ar"] = mean_ci(np.asarray(clip[tag]) - np.asarray(clip["ar"]))
-            e["toy_fid_minus_ar"] = (paired_fid_difference_ci(feats, scored["ar"][0], ref_feats, n_resamples=n_resamples,
-                                                              seed=0) if fid_ok else None)
+            e["toy_clip_minus_ar"] = mean_ci(np.asarray(clip[tag]) - np.asarray(clip["ar"]), name="toy_clip_minus_ar")
+            e["toy_fid_minus_ar"] = None if why else paired_fid_difference_ci(feats, scored["ar"][0], ref_feats,
+                                                                              n_resamples=n_resamples, seed=0)
             d = (_percentile_cis(pr_point[tag] - pr_point["ar"], pr_boots[tag] - pr_boots["ar"], **pr_kw)
                  if pr_ok else {})
             e["toy_precision_minus_ar"], e["toy_recall_minus_ar"] = d.get("precision"), d.get("recall")
+        if why:
+            e.update({k + NULL_REASON: why for k in ("toy_fid", "toy_fid_minus_ar") if k in e})
         out[tag] = e
     return out

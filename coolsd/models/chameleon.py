@@ -43,7 +43,6 @@ and are the one documented ignored prefix. Every other key must match exactly.
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -56,6 +55,7 @@ from coolsd.models.blocks import GatedMLP, RMSNorm, compute_dtype as _compute_dt
 from coolsd.models.kv_cache import KVCache
 
 HF_SOURCE = "huggingface.co/Alpha-VLLM/Lumina-mGPT-7B-768"
+SHARD = "a safetensors weight file of Lumina-mGPT-7B-768"
 IGNORED_PREFIXES = ("model.vqmodel.",)  # VQ encoder weights of HF Chameleon checkpoints (docstring)
 QK_NORM_EPS = 1e-5  # hard-coded in upstream ChameleonLayerNorm.forward
 
@@ -321,11 +321,13 @@ class ChameleonLM(nn.Module):
         ``model.safetensors``), one tensor at a time; every key is checked before any is loaded."""
         from safetensors import safe_open
 
+        from coolsd.loading import reading
+
         files = checkpoint_files(folder)
         shapes: dict[str, tuple[int, ...]] = {}
         where: dict[str, Path] = {}
         for f in files:
-            with safe_open(str(f), framework="pt") as sf:
+            with reading(f, SHARD, HF_SOURCE), safe_open(str(f), framework="pt") as sf:
                 for k in sf.keys():
                     if k in where:
                         raise ValueError(f"key {k!r} appears in both {where[k].name} and {f.name}")
@@ -333,15 +335,16 @@ class ChameleonLM(nn.Module):
                     where[k] = f
         index = Path(folder) / "model.safetensors.index.json"
         if index.is_file():
-            listed = json.loads(index.read_text())["weight_map"]
+            listed = weight_map(index)
             wrong = sorted(k for k in set(listed) | set(where)
                            if where.get(k) is None or listed.get(k) != where[k].name)
             if wrong:
                 raise ValueError(f"{index} disagrees with the shard contents on keys: {_head(wrong)}")
-        self.check_keys(shapes)
+        with reading(folder, "a Lumina-mGPT-7B-768 checkpoint folder", HF_SOURCE):
+            self.check_keys(shapes)
         params = self.state_dict(keep_vars=True)
         for f in files:
-            with safe_open(str(f), framework="pt") as sf:
+            with reading(f, SHARD, HF_SOURCE), safe_open(str(f), framework="pt") as sf:
                 for k in sf.keys():
                     if k in params:
                         p = params[k]
@@ -363,29 +366,40 @@ def _listing(title: str, items: list[str]) -> str:
 def checkpoint_files(folder: str | Path) -> list[Path]:
     """The safetensors files of a local checkpoint folder: the shards named by
     ``model.safetensors.index.json`` (all must exist), else ``model.safetensors``."""
+    from coolsd.loading import MissingInputFile
+
     folder = Path(folder)
     hint = f"download the checkpoint folder from {HF_SOURCE} (config.json, model.safetensors.index.json and its shards)"
     if not folder.is_dir():
-        raise FileNotFoundError(f"Lumina-mGPT checkpoint folder {folder} does not exist; {hint}")
+        raise MissingInputFile(f"Lumina-mGPT checkpoint folder {folder} does not exist; {hint}")
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        shards = sorted(set(weight_map(index).values()))
         missing = [s for s in shards if not (folder / s).is_file()]
         if missing:
-            raise FileNotFoundError(f"{folder} lacks shard(s) {missing} listed in {index.name}; {hint}")
+            raise MissingInputFile(f"{folder} lacks shard(s) {missing} listed in {index.name}; {hint}")
         return [folder / s for s in shards]
     single = folder / "model.safetensors"
     if single.is_file():
         return [single]
-    raise FileNotFoundError(f"{folder} has neither model.safetensors.index.json nor model.safetensors; {hint}")
+    raise MissingInputFile(f"{folder} has neither model.safetensors.index.json nor model.safetensors; {hint}")
+
+
+def weight_map(index: Path) -> dict:
+    """``weight_map`` (key -> shard file name) of a ``model.safetensors.index.json``."""
+    from coolsd.loading import read_json, reading
+
+    what = "a safetensors index (model.safetensors.index.json)"
+    data = read_json(index, what, HF_SOURCE)
+    with reading(index, what, HF_SOURCE):
+        return dict(data["weight_map"])
 
 
 def read_hf_config(folder: str | Path) -> dict:
     """``config.json`` of a local checkpoint folder (holds ``vocabulary_map``)."""
-    path = Path(folder) / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist; download it from {HF_SOURCE}")
-    return json.loads(path.read_text())
+    from coolsd.loading import read_json
+
+    return read_json(Path(folder) / "config.json", "Lumina-mGPT's config.json", HF_SOURCE)
 
 
 def load_chameleon(
@@ -393,8 +407,11 @@ def load_chameleon(
 ) -> tuple[ChameleonLM, dict]:
     """Build a ``ChameleonLM`` from a local checkpoint folder: config from ``config.json``,
     weights strictly from the safetensors shards. Returns (model in eval mode, config dict)."""
+    from coolsd.loading import reading
+
     hf = read_hf_config(folder)
-    cfg = ChameleonConfig.from_hf(hf)
+    with reading(Path(folder) / "config.json", "Lumina-mGPT's config.json", HF_SOURCE):
+        cfg = ChameleonConfig.from_hf(hf)
     with torch.device("meta"):  # no 7B fp32 allocation: parameters are created empty in ``dtype``
         model = ChameleonLM(cfg).to(dtype)
     model = model.to_empty(device=device)

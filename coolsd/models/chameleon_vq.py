@@ -27,7 +27,6 @@ turns pixels into codes and is not needed to decode generated images, and ``loss
 """
 from __future__ import annotations
 
-import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -203,18 +202,13 @@ def load_vqgan(
     dtype: torch.dtype = torch.float32,
 ) -> ChameleonVQ:
     """Read ``vqgan.ckpt`` with ``torch.load(weights_only=True)`` and load it strictly."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"VQGAN checkpoint {path} does not exist; it comes from {VQGAN_SOURCE}")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        raise ValueError(
-            f"{path} holds objects other than tensors and plain containers, so it is not loaded "
-            f"(torch.load weights_only=True refused it: {e})"
-        ) from None
+    from coolsd.loading import reading, torch_load
+
+    what = "Chameleon's VQGAN checkpoint (vqgan.ckpt)"
+    ckpt = torch_load(path, what, VQGAN_SOURCE)
     model = ChameleonVQ(cfg).to(dtype=dtype)  # load into the final dtype (no fp32 round trip)
-    model.load_state(ckpt)
+    with reading(path, what, VQGAN_SOURCE):
+        model.load_state(ckpt)
     return model.to(device=device).eval().requires_grad_(False)
 
 

@@ -178,7 +178,7 @@ def decode_tokens(vae: KLVAE, tokens: torch.Tensor, h: int, w: int) -> np.ndarra
 def load_kl16(path, config: KLVAEConfig = KLVAEConfig(), device="cpu") -> KLVAE:
     """Strictly load MAR's ``kl16.ckpt`` (``{"model": sd}``, or LDM's "state_dict"; or a
     .safetensors of the same state dict); fp32, eval."""
-    from coolsd.models.llamagen_vq import check_state_dict, read_torch_checkpoint
+    from coolsd.loading import check_state_dict, read_torch_checkpoint
 
     state = read_torch_checkpoint(path, "KL-16 VAE checkpoint", KL16_SOURCE, keys=("model", "state_dict"))
     # Upstream loads with strict=False (it only prints missing/unexpected keys). Of what it would

@@ -450,7 +450,7 @@ def load_gpt(path, cfg: LlamaGenConfig, dtype=torch.bfloat16, device="cpu") -> L
     size or grid is an error naming the keys/shapes that differ."""
     import os
 
-    from coolsd.models.llamagen_vq import check_state_dict, read_torch_checkpoint
+    from coolsd.loading import check_state_dict, read_torch_checkpoint
 
     state = read_torch_checkpoint(path, "LlamaGen t2i GPT checkpoint", GPT_SOURCE)
     with torch.device("meta"):

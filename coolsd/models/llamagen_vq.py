@@ -18,15 +18,14 @@ Invariants (upstream behaviour):
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from coolsd.loading import check_state_dict, read_torch_checkpoint, unwrap_checkpoint  # noqa: F401 (re-exported)
 from coolsd.models.blocks import AttnBlock, Downsample, ResnetBlock, Upsample, group_norm, res_level, run_res_level
 
 VQ_SOURCE = "https://huggingface.co/peizesun/llamagen_t2i (file vq_ds16_t2i.pt)"
@@ -153,61 +152,10 @@ class LlamaGenVQ(nn.Module):
         return x.to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
 
 
-def _describe(keys: Sequence[str], limit: int = 6) -> str:
-    keys = sorted(keys)
-    return ", ".join(keys[:limit]) + (f", ... ({len(keys)} in all)" if len(keys) > limit else "")
-
-
-def check_state_dict(model: nn.Module, state: dict, path: str, source: str) -> None:
-    """Strict key and shape check with an error naming what differs (never a partial load)."""
-    own = model.state_dict()
-    missing, unexpected = own.keys() - state.keys(), state.keys() - own.keys()
-    shapes = [k for k in own.keys() & state.keys() if tuple(own[k].shape) != tuple(state[k].shape)]
-    if missing or unexpected or shapes:
-        parts = ([f"missing keys: {_describe(missing)}"] if missing else []) + \
-                ([f"unexpected keys: {_describe(unexpected)}"] if unexpected else []) + \
-                (["wrong shapes: " + ", ".join(f"{k} {tuple(state[k].shape)} (expected {tuple(own[k].shape)})"
-                                                 for k in sorted(shapes)[:6])] if shapes else [])
-        raise ValueError(f"{path} does not fit {type(model).__name__} ({'; '.join(parts)}); expected the file from {source}")
-
-
-def unwrap_checkpoint(obj, path: str, keys=("model", "module", "state_dict")) -> dict:
-    """The state dict inside an upstream checkpoint (``{key: sd}``, the first of ``keys`` present)."""
-    if isinstance(obj, dict):
-        for key in keys:
-            if isinstance(obj.get(key), dict):
-                obj = obj[key]
-                break
-    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise ValueError(f"{path} does not hold a state dict of tensors")
-    return obj
-
-
-def read_torch_checkpoint(path, what: str, source: str, keys=("model", "module", "state_dict"),
-                          allow: tuple = ()) -> dict:
-    """A local weight file's state dict: ``.safetensors``, or ``torch.load(weights_only=True)``
-    (``allow``: harmless classes upstream pickles beside the weights, e.g. argparse.Namespace)
-    unwrapped by ``keys``; errors name the file and its source."""
-    path = os.fspath(path) if path else ""
-    if not path or not os.path.isfile(path):
-        raise FileNotFoundError(f"{what} not found: {path or '(path not set)'}; download it from {source}")
-    try:
-        if path.endswith(".safetensors"):
-            from safetensors.torch import load_file
-
-            return load_file(path)
-        with torch.serialization.safe_globals(list(allow)):
-            obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 (any unpickling failure means: not a weights file)
-        raise ValueError(f"{path} is not a readable PyTorch weight file ({type(e).__name__}: "
-                         f"{' '.join(str(e).split())[:200]}); expected {what} from {source}") from e
-    return unwrap_checkpoint(obj, path, keys)
-
-
 def load_llamagen_vq(path, cfg: VQConfig = VQ_16, device="cpu") -> LlamaGenVQ:
     """Strictly load ``vq_ds16_t2i.pt`` (fp32, eval mode)."""
     state = read_torch_checkpoint(path, "LlamaGen VQ tokenizer (vq_ds16_t2i.pt)", VQ_SOURCE)
     model = LlamaGenVQ(cfg)
-    check_state_dict(model, state, os.fspath(path), VQ_SOURCE)
+    check_state_dict(model, state, path, VQ_SOURCE)
     model.load_state_dict(state, strict=True)
     return model.to(device).eval().requires_grad_(False)

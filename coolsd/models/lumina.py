@@ -387,14 +387,17 @@ def load_lumina_target(
     """The real target from local files: the Lumina-mGPT checkpoint folder (config.json with
     ``vocabulary_map``, safetensors shards; huggingface.co/Alpha-VLLM/Lumina-mGPT-7B-768) and
     Meta's ``vqgan.ckpt`` (None: no decoder). Structural token ids are checked against the map."""
+    from coolsd.loading import reading
+    from coolsd.models.chameleon import HF_SOURCE
     from coolsd.models.chameleon_vq import CHAMELEON_VQGAN, load_vqgan
 
     model, hf = load_chameleon(folder, dtype=dtype, device=device)
     vq_config = vq_config or CHAMELEON_VQGAN
-    vocab = ImageVocab.from_hf_config(hf, n_codes=vq_config.n_embed)
-    vmap = hf["vocabulary_map"]
-    tokens = LuminaTokens.from_vocabulary_map(vmap)
-    tokens.grid_token(h_latent // 2, vmap), tokens.grid_token(w_latent // 2, vmap)
+    with reading(Path(folder) / "config.json", "Lumina-mGPT's config.json (with its vocabulary_map)", HF_SOURCE):
+        vocab = ImageVocab.from_hf_config(hf, n_codes=vq_config.n_embed)
+        vmap = hf["vocabulary_map"]
+        tokens = LuminaTokens.from_vocabulary_map(vmap)
+        tokens.grid_token(h_latent // 2, vmap), tokens.grid_token(w_latent // 2, vmap)
     decoder = None if vqgan_ckpt is None else load_vqgan(vqgan_ckpt, vq_config, device=device)
     return LuminaTarget(model, vocab, h_latent=h_latent, w_latent=w_latent, cfg_scale=cfg_scale,
                         decoder=decoder, tokens=tokens)

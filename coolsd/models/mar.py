@@ -244,7 +244,7 @@ def load_mar(path, cfg: MARConfig, dtype=torch.float32, device="cpu", model_cls=
     so Namespace (and nothing else) is allowed."""
     import argparse
 
-    from coolsd.models.llamagen_vq import check_state_dict, read_torch_checkpoint
+    from coolsd.loading import check_state_dict, read_torch_checkpoint
 
     state = read_torch_checkpoint(path, "MAR checkpoint", MAR_SOURCE, keys=("model_ema", "model"),
                                   allow=(argparse.Namespace,))

@@ -33,12 +33,14 @@ def left_pad(embs: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torc
 
 def check_model_folder(path, what: str, source: str, needs: Sequence[str] = ("config.json",)) -> Path:
     """A local Hugging Face model folder with the given files, or an error naming it and its source."""
+    from coolsd.loading import MissingInputFile
+
     d = Path(os.fspath(path)) if path else None
     if d is None or not d.is_dir():
-        raise FileNotFoundError(f"{what} folder not found: {d or '(path not set)'}; download {source}")
+        raise MissingInputFile(f"{what} folder not found: {d or '(path not set)'}; download {source}")
     missing = [n for n in needs if not (d / n).exists()]
     if missing:
-        raise FileNotFoundError(f"{what} folder {d} lacks {', '.join(missing)}; download {source}")
+        raise MissingInputFile(f"{what} folder {d} lacks {', '.join(missing)}; download {source}")
     return d
 
 
@@ -54,9 +56,13 @@ class T5CaptionEncoder:
     def from_folder(cls, path, dtype: torch.dtype = torch.bfloat16, device="cpu", **kw) -> "T5CaptionEncoder":
         from transformers import AutoTokenizer, T5EncoderModel  # lazy: transformers imports slowly
 
+        from coolsd.loading import reading
+
         d = check_model_folder(path, "FLAN-T5-XL", T5_SOURCE)
-        tok = AutoTokenizer.from_pretrained(str(d), local_files_only=True)
-        model = T5EncoderModel.from_pretrained(str(d), local_files_only=True, dtype=dtype).to(device)
+        with reading(d, "a FLAN-T5-XL model folder (config.json, tokenizer files, weights)", T5_SOURCE):
+            tok = AutoTokenizer.from_pretrained(str(d), local_files_only=True)
+            model = T5EncoderModel.from_pretrained(str(d), local_files_only=True, dtype=dtype)
+        model = model.to(device)
         return cls(model, tok, **kw)
 
     def preprocess(self, caption: str) -> str:

@@ -12,33 +12,26 @@ import json
 from pathlib import Path
 from typing import Optional
 
+from coolsd.loading import read_json, reading
 from coolsd.records import sha256_file
 
 SOURCE = ("annotations_trainval2017.zip from https://cocodataset.org/#download "
           "(http://images.cocodataset.org/annotations/annotations_trainval2017.zip), "
           "file annotations/captions_val2017.json")
+WHAT = "a COCO captions file (captions_val2017.json: a JSON object with 'annotations')"
 
 
 def coco_longest_captions(path) -> list[dict]:
     """[{"image_id", "caption"}] in LANTERN's order, from a COCO captions file."""
-    path = Path(path) if path else None
-    if path is None or not path.is_file():
-        raise FileNotFoundError(
-            f"COCO captions file {path} not found; set dataset.captions=/path/to/captions_val2017.json "
-            f"(it comes from {SOURCE})")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        annotations = data["annotations"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ValueError(f"{path} is not a COCO captions file (need a JSON object with 'annotations'): {e}") from e
+    data = read_json(path, WHAT, SOURCE)
     best: dict[int, str] = {}  # insertion order = first appearance
-    for i, a in enumerate(annotations):
-        try:
+    with reading(path, WHAT, SOURCE):
+        for i, a in enumerate(data["annotations"]):
+            if not isinstance(a, dict) or "image_id" not in a or "caption" not in a:
+                raise ValueError(f"annotation {i} lacks image_id/caption")
             image_id, caption = a["image_id"], a["caption"]
-        except (KeyError, TypeError) as e:
-            raise ValueError(f"{path}: annotation {i} lacks image_id/caption") from e
-        if image_id not in best or len(best[image_id]) < len(caption):
-            best[image_id] = caption
+            if image_id not in best or len(best[image_id]) < len(caption):
+                best[image_id] = caption
     return [{"image_id": k, "caption": v} for k, v in best.items()]
 
 

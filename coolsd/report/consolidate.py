@@ -10,7 +10,8 @@ from pathlib import Path
 import pandas as pd
 
 from coolsd.records import read_records
-from coolsd.stats import mean_ci, ratio_ci
+from coolsd.stats import ratio_ci
+from coolsd.summary import metric_ci
 
 # parameters a method derives from the user's (or that name its parts), left out of its label
 DERIVED_PARAMS = ("method", "drafter", "rule", "omega")
@@ -57,7 +58,8 @@ def records_frame(roots) -> pd.DataFrame:
 def summary_frame(df: pd.DataFrame, metrics=("accepted_length", "latency_s", "target_forwards", "acceptance_rate")
                   ) -> pd.DataFrame:
     """One row per configuration (``config``) of a consolidated table: for each metric its mean
-    and 95% CI over samples (columns m, m_lo, m_hi), and ``speedup`` = mean AR latency / mean
+    and 95% CI over samples (columns m, m_lo, m_hi; the interval of its domain,
+    ``coolsd.summary.metric_ci``; NaN bounds with one sample), and ``speedup`` = mean AR latency / mean
     latency with a paired bootstrap CI, where AR (the run's one ``ar`` configuration; for CSpD's
     exact mode ``ar final_noise=True``) ran in the same run on the same prompts (METHODS.md 6).
     Columns ``tag`` (= config) and ``family`` (the method) fit ``pareto_plot``."""
@@ -70,12 +72,12 @@ def summary_frame(df: pd.DataFrame, metrics=("accepted_length", "latency_s", "ta
         r = {"tag": config, "family": config.split(" ")[0], "n": len(g), "runs": g["run"].nunique()}
         for k in metrics:
             if k in g and g[k].notna().all():
-                c = mean_ci(g[k])
-                r[k], r[k + "_lo"], r[k + "_hi"] = c["mean"], c["lo"], c["hi"]
+                c = metric_ci(k, g[k])
+                r[k], r[k + "_lo"], r[k + "_hi"] = c["mean"], c.get("lo", float("nan")), c.get("hi", float("nan"))
         keys = list(zip(g["run"], g["prompt_index"]))
         if "latency_s" in g and all(key in ar.index for key in keys):
             s = ratio_ci(ar.loc[keys].to_numpy(), g["latency_s"].to_numpy(), paired=True)
-            r["speedup"], (r["speedup_lo"], r["speedup_hi"]) = s["mean"], s["ci95"]
+            r["speedup"], (r["speedup_lo"], r["speedup_hi"]) = s["mean"], s.get("ci95", (float("nan"),) * 2)
         rows.append(r)
     return pd.DataFrame(rows)
 

@@ -41,12 +41,8 @@ def row_configs(target: str, prompts: int, records: Path, overrides=()) -> list[
 
 
 def missing_inputs(cfg, metrics: dict) -> list[str]:
-    """Files the sweep lacks: target and drafter (its world's list), COCO captions, metrics."""
+    """Files the sweep lacks: its world's list (target, drafter, COCO captions), then metrics."""
     out = list(world_class(cfg.target.name).missing_files(cfg))
-    cap = cfg.dataset.get("captions")
-    if not cap or not Path(os.fspath(cap)).is_file():
-        out.append(f"COCO captions: {cap or 'not set'} (set COCO_CAPTIONS; annotations/captions_val2017.json from "
-                   "http://images.cocodataset.org/annotations/annotations_trainval2017.zip)")
     for name, (path, source) in metrics.items():
         if not path or not Path(os.fspath(path)).exists():
             out.append(f"{name}: {path or 'not set'} -- {source}")

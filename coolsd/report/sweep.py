@@ -51,7 +51,8 @@ def toy_sweep(specs: list[tuple[str, str, dict]], prompts: int, records: Path, *
 
 def sweep_frame(table: dict) -> pd.DataFrame:
     """One row per configuration: metric, metric_lo, metric_hi for every reported number (a
-    mean with ``ci95``, an FID with ``lo``/``hi``, or a difference ``diff`` with ``lo``/``hi``)."""
+    mean with ``ci95``, an FID with ``lo``/``hi``, or a difference ``diff`` with ``lo``/``hi``;
+    a mean without an interval, n = 1, has NaN bounds)."""
     rows = []
     for tag, e in table.items():
         r = {"tag": tag, "family": e["params"]["method"], "params": e["params"]}
@@ -60,8 +61,8 @@ def sweep_frame(table: dict) -> pd.DataFrame:
                 if isinstance(v, (int, float)) and k != "params":
                     r[k] = v
                 continue
-            if "mean" in v and "ci95" in v:
-                r[k], (r[k + "_lo"], r[k + "_hi"]) = v["mean"], v["ci95"]
+            if "mean" in v:
+                r[k], (r[k + "_lo"], r[k + "_hi"]) = v["mean"], v.get("ci95", (float("nan"), float("nan")))
             elif "lo" in v and ("fid" in v or "diff" in v):
                 r[k], r[k + "_lo"], r[k + "_hi"] = v.get("fid", v.get("diff")), v["lo"], v["hi"]
         rows.append(r)
@@ -71,4 +72,6 @@ def sweep_frame(table: dict) -> pd.DataFrame:
 def ci_text(r, k: str, fmt: str = "{:.3f}") -> str:
     if k not in r or pd.isna(r[k]):
         return "-"
+    if pd.isna(r[k + "_lo"]):
+        return f"{fmt.format(r[k])} (no CI)"
     return f"{fmt.format(r[k])} [{fmt.format(r[k + '_lo'])}, {fmt.format(r[k + '_hi'])}]"

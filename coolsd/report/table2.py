@@ -27,6 +27,7 @@ from coolsd.worlds import world_class
 SPEED = {c: c for c in ("accepted_length", "latency_s", "speedup")}
 # issue 15's signals (ours only): exact distortion summed over the image, NLL shift of what was emitted vs AR
 SIGNALS = {"step_tv": "step TV (sum/image)", "target_nll_minus_ar": "target NLL - AR (nats/token)",
+           "target_nll_expected_minus_ar": "expected target NLL - AR (nats/token)",
            "off_support_minus_ar": "off-support - AR (fraction)"}
 HEADERS = {"clip_score": "CLIP", "fid": "FID", "image_reward": "ImageReward", "accepted_length": "accepted length",
            "latency_s": "latency (s)", "speedup": "speed-up"}
@@ -97,7 +98,9 @@ def build_table(target: str, table: dict) -> pd.DataFrame:
 def _cell(r, col, latex=False):
     v = r[f"{col}_ours"]
     fmt = "{:.2f}" if col in ("fid", "accepted_length", "speedup") else "{:.4f}" if col != "latency_s" else "{:.3f}"
-    ours = "-" if v is None or pd.isna(v) else f"{fmt.format(v)} [{fmt.format(r[f'{col}_lo'])}, {fmt.format(r[f'{col}_hi'])}]"
+    lo, hi = r[f"{col}_lo"], r[f"{col}_hi"]
+    ours = ("-" if v is None or pd.isna(v) else f"{fmt.format(v)} (no CI)" if lo is None or pd.isna(lo)
+            else f"{fmt.format(v)} [{fmt.format(lo)}, {fmt.format(hi)}]")
     p = r[f"{col}_paper"]
     paper = "-" if p is None or pd.isna(p) else fmt.format(p)
     d = r[f"{col}_diff"]
@@ -127,9 +130,10 @@ def write_tables(df: pd.DataFrame, out: Path) -> None:
     tex += [r"\bottomrule", r"\end{tabular}"]
     metric_names = sorted({f"{c}: {r[f'{c}_ours_metric']}" for _, r in df.iterrows() for c in cols
                            if r[f"{c}_ours_metric"] and r[f"{c}_ours_metric"] != c})
-    note = ("Ours: mean [95% CI] over prompts; paper: COOL-SD Table 2 (A100 40GB). The last three columns are ours "
+    note = ("Ours: mean [95% CI] over prompts; paper: COOL-SD Table 2 (A100 40GB). The last four columns are ours "
             "only: the exact distortion of each token's emitted distribution summed over the image (docs/distortion.md; "
-            "empty for trees), and the target's NLL of the emitted tokens and their fraction outside the warped support, "
+            "empty for trees), the target's NLL of the emitted tokens, its exact expectation given what preceded each "
+            "draw (-sum pi log p: the same mean, less noise) and the tokens' fraction outside the warped support, "
             "paired by prompt against AR. "
             + (f"Columns computed with other metrics: {', '.join(metric_names)} (toy metrics are not CLIP / FID, so "
                "no difference is shown)." if metric_names else ""))

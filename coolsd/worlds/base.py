@@ -57,7 +57,8 @@ class Column(NamedTuple):
 SPEED_COLUMNS = (Column("accepted_length", "accepted length"), Column("latency_s", "latency s"),
                  Column("speedup", "speed-up"))
 # the exact distortion and the likelihood shift of what was emitted (issue 15): rank methods at equal speed
-SIGNAL_COLUMNS = (Column("step_tv", "step TV (sum/image)", 2), Column("target_nll_minus_ar", "NLL - AR", 3))
+SIGNAL_COLUMNS = (Column("step_tv", "step TV (sum/image)", 2), Column("target_nll_minus_ar", "NLL - AR", 3),
+                  Column("target_nll_expected_minus_ar", "E[NLL] - AR", 3))
 
 
 class World(ABC):
@@ -95,10 +96,19 @@ class World(ABC):
         return []
 
     @classmethod
+    def image_tokens(cls, cfg) -> Optional[int]:
+        """Tokens per image of the configured target, known before it loads (the longest useful
+        ``tree.draft_length``; coolsd.config_schema); None where no bound is known."""
+        return None
+
+    @classmethod
     def dataset(cls, cfg) -> dict:
         """What identifies the prompt set (part of a run folder's identity)."""
+        from coolsd.worlds.files import file_identity
+
         d = cfg.dataset
-        return {"name": d.name, "n_prompts": int(d.n_prompts), "offset": int(d.offset)}
+        return {"name": d.name, "n_prompts": int(d.n_prompts), "offset": int(d.offset),
+                **({"captions": file_identity(d.captions)} if d.get("captions") else {})}  # its content fingerprint
 
     @classmethod
     def prompts(cls, cfg) -> list:
@@ -169,6 +179,11 @@ def image_signals(res, b: int) -> dict:
     * ``target_nll``: mean over tokens of -log p(x_t) under the target's guided distribution (sampling
       temperature, before top-k / top-p); ``off_support``: the fraction of tokens outside the warped
       support (a relaxed rule can accept them);
+    * ``target_nll_expected``: mean over tokens of E[-log p(x_t) | prefix, round] = -sum_y pi_t(y) log p(y),
+      the exact conditional expectation of each token's NLL given what preceded its draw (the same
+      mean as ``target_nll`` by the tower rule, without the draw's own noise: its paired difference
+      to AR resolves far smaller NLL shifts); None where a verified token's pi has no closed form
+      (trees with siblings);
     * ``token_tv`` (4 significant digits) and ``token_depth`` (the round depth each token was verified
       at, 0 if drawn from p): per-token arrays for the distortion map and the depth curve
       (``coolsd.report.distortion``); absent when the signals were not recorded.
@@ -178,7 +193,9 @@ def image_signals(res, b: int) -> dict:
     if math.isnan(nll):  # not recorded (speculative_generate(distortion=False))
         return {}
     chain = not math.isnan(tv)
+    xnll = float(res.token_nll_expected[b].mean())
     return {"step_tv": tv if chain else None, "step_kl": kl if chain else None, "target_nll": nll,
+            "target_nll_expected": None if math.isnan(xnll) else xnll,
             "off_support": float(res.token_off_support[b].mean()),
             "token_tv": [float(f"{x:.4g}") for x in res.step_tv[b].tolist()] if chain else None,
             "token_depth": [int(x) for x in res.token_depth[b].tolist()]}
@@ -191,8 +208,8 @@ class DiscreteWorld(World):
     neighbourhoods or None) and ``sampling``; every method runs through ``coolsd.generate``."""
 
     family = "discrete"
-    record_metrics = World.record_metrics + ("step_tv", "step_kl", "target_nll", "off_support")
-    paired_metrics = ("step_tv", "step_kl", "target_nll", "off_support")
+    record_metrics = World.record_metrics + ("step_tv", "step_kl", "target_nll", "target_nll_expected", "off_support")
+    paired_metrics = ("step_tv", "step_kl", "target_nll", "target_nll_expected", "off_support")
     columns = SPEED_COLUMNS + SIGNAL_COLUMNS
     target: Any
     sampling: SamplingConfig

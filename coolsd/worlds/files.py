@@ -1,32 +1,121 @@
 """What every real world does with the local files a user provides: name the missing ones
-(with where each comes from) before any work, and identify the ones a run used."""
+before any model loads -- every one at once, each with its config key, its environment variable
+and where it comes from (``Need``, ``missing_inputs``) -- and identify the ones a run used."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
+from typing import Any, NamedTuple, Optional
 
 import torch
+from omegaconf import DictConfig, OmegaConf
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+_ENV = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)")
+DRAFTER_FOLDER = ("config.json", ("pytorch_model.bin", "model.safetensors"))  # what an EAGLE drafter folder holds
+
+
+class Need(NamedTuple):
+    """One input file or folder a run needs, as the up-front check lists it.
+
+    ``name``: what the user reads first; ``key``: the config key (``target.files.gpt``) or the
+    command-line flag (``--clip``) that sets it, or (neither) a hint in words; ``path``: its value
+    (None: not set); ``source``: where the right file comes from; ``env``: the environment
+    variable the value comes from (None: none, or the key was set explicitly); ``folder``: True a
+    directory, False a file, None either; ``contains``: names a folder must hold (a tuple entry:
+    any one of them). ``problem()`` is None exactly when the input is usable as described."""
+
+    name: str
+    key: str
+    path: Any
+    source: str
+    env: Optional[str] = None
+    folder: Optional[bool] = None
+    contains: tuple = ()
+
+    def problem(self) -> Optional[str]:
+        """None if the input is usable, else one line 'name: what is wrong (set KEY or $ENV) -- source'."""
+        flag, words = self.key.startswith("--"), " " in self.key
+        how = self.key if words else f"set {self.key} /path" if flag else f"set {self.key}=/path"
+        how += f" or ${self.env}" if self.env else ""
+        if self.path in (None, "", "null"):
+            return f"{self.name}: not set ({how}) -- {self.source}"
+        p = Path(os.fspath(self.path))
+        if not p.exists():
+            wrong = "does not exist"
+        elif self.folder is True and not p.is_dir():
+            wrong = "is a file, expected a folder"
+        elif self.folder is False and not p.is_file():
+            wrong = "is a folder, expected a file"
+        else:
+            lacking = [" or ".join(c) if isinstance(c, tuple) else c for c in self.contains
+                       if not any((p / n).exists() for n in (c if isinstance(c, tuple) else (c,)))]
+            if not lacking:
+                return None
+            wrong = f"lacks {', '.join(lacking)}"
+        return f"{self.name}: {p} {wrong} ({how}) -- {self.source}"
+
+
+def env_var(cfg, key: str) -> Optional[str]:
+    """The environment variable the unresolved value of ``key`` reads (``${oc.env:NAME,...}``, as
+    conf/ sets the defaults of input paths), or None (no such key, or a value set explicitly)."""
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(cfg, parent) if parent else cfg
+    raw = OmegaConf.to_container(node, resolve=False).get(leaf) if isinstance(node, DictConfig) else None
+    m = _ENV.search(raw) if isinstance(raw, str) else None
+    return m.group(1) if m else None
+
+
+def config_need(cfg, key: str, name: str, source: str, folder: Optional[bool] = None, contains: tuple = ()) -> Need:
+    """The ``Need`` of config ``key`` of a composed job config (its value and environment variable)."""
+    return Need(name, key, OmegaConf.select(cfg, key), source, env_var(cfg, key), folder, contains)
+
+
+def dataset_needs(cfg) -> list[Need]:
+    """The input files of the configured data set, checked with every world's files before any model
+    loads: ``coco2017val`` needs its captions file (``dataset.captions`` / $COCO_CAPTIONS); the toy
+    scenes and ImageNet class labels need none. (The val2017 images are FID's reference set:
+    ``python -m coolsd.evaluate --coco-images``.)"""
+    from coolsd.prompts.coco import SOURCE
+
+    if (cfg.get("dataset") or {}).get("name") == "coco2017val":
+        return [config_need(cfg, "dataset.captions", "COCO captions", SOURCE, folder=False)]
+    return []
+
+
+def missing_inputs(cfg, needs) -> list[str]:
+    """Every problem of a run's inputs, one line each: the dataset's (``dataset_needs``, shared by
+    every world) and then ``needs`` (the target's and drafter's files). Empty: all usable."""
+    return [p for n in [*dataset_needs(cfg), *needs] if (p := n.problem()) is not None]
 
 
 def missing_paths(files: dict, sources: dict, prefix: str = "target.files") -> list[str]:
-    """'name: not set / path does not exist -- source' for each entry of ``files`` that is unusable."""
-    out = []
-    for name, path in files.items():
-        if path in (None, "", "null"):
-            out.append(f"{name}: not set (set {prefix}.{name} or its environment variable) -- {sources.get(name, '')}")
-        elif not Path(os.fspath(path)).exists():
-            out.append(f"{name}: {path} does not exist -- {sources.get(name, '')}")
-    return out
+    """``missing_inputs``' lines for a mapping ``files`` {name: path}: ``prefix`` is the config
+    mapping holding them (``target.files``: key ``target.files.<name>``) or, ending otherwise, the
+    key of a single entry (``draft.path``). No environment variables (no config to read them from)."""
+    keyed = prefix.rsplit(".", 1)[-1] == "files"
+    return [p for name, path in files.items()
+            if (p := Need(name, f"{prefix}.{name}" if keyed else prefix, path, sources.get(name, "")).problem())]
 
 
 def file_identity(path) -> dict:
-    p = Path(os.fspath(path))
-    return {"name": p.name, "bytes": p.stat().st_size if p.is_file() else None}
+    """A loaded file's (or folder's) identity in ``run.json``: name, bytes and content sha256
+    (``coolsd.fingerprint``: cached while the file is unchanged; never fooled by a same-size replacement)."""
+    from coolsd.fingerprint import fingerprint
+
+    return fingerprint(path)
+
+
+def require_inputs(who: str, missing: list[str]) -> None:
+    """Stop before any work when inputs are missing, listing every one of them (one
+    ``coolsd.errors.InputFileError``, also a FileNotFoundError): '<who> cannot run: missing files'."""
+    from coolsd.loading import MissingInputFile
+
+    if missing:
+        raise MissingInputFile(f"{who} cannot run: missing files\n  " + "\n  ".join(missing))
 
 
 def require_files(target: str, missing: list[str]) -> None:
-    """Stop before any work when files are missing, listing every one of them."""
-    if missing:
-        raise FileNotFoundError(f"target {target!r} cannot run: missing files\n  " + "\n  ".join(missing))
+    """``require_inputs`` for target ``target`` (the job's check: ``missing_files`` of its world)."""
+    require_inputs(f"target {target!r}", missing)

@@ -18,9 +18,8 @@ from coolsd.models.llamagen import GPT_SOURCE, LlamaGenGPT, LlamaGenTarget, gpt_
 from coolsd.models.llamagen_vq import VQ_16, VQ_SOURCE, VQConfig, load_llamagen_vq
 from coolsd.models.t5_text import T5_SOURCE, T5CaptionEncoder
 from coolsd.worlds.base import DiscreteWorld, draft_kind
-from coolsd.worlds.files import DTYPES, file_identity, missing_paths
+from coolsd.worlds.files import DRAFTER_FOLDER, DTYPES, config_need, file_identity, missing_inputs
 
-SOURCES = {"gpt": GPT_SOURCE, "vq": VQ_SOURCE, "t5": T5_SOURCE, "drafter": DRAFTER_SOURCE}
 REAL_TARGET_HINT = "image metrics: python -m coolsd.evaluate {out_dir}"
 
 
@@ -38,11 +37,16 @@ class LlamaGenWorld(DiscreteWorld):
 
     @classmethod
     def missing_files(cls, cfg) -> list[str]:
-        out = missing_paths(dict(cfg.target.get("files") or {}), SOURCES)
-        d = cfg.get("draft")
-        if d is not None and d.get("kind") == "eagle":
-            out += missing_paths({"drafter": d.get("path")}, SOURCES, prefix="draft.path")
-        return out
+        needs = [config_need(cfg, "target.files.gpt", "gpt", GPT_SOURCE, folder=False),
+                 config_need(cfg, "target.files.vq", "vq", VQ_SOURCE, folder=False),
+                 config_need(cfg, "target.files.t5", "t5", T5_SOURCE, folder=True, contains=("config.json",))]
+        if (cfg.get("draft") or {}).get("kind") == "eagle":
+            needs.append(config_need(cfg, "draft.path", "drafter", DRAFTER_SOURCE, folder=True, contains=DRAFTER_FOLDER))
+        return missing_inputs(cfg, needs)
+
+    @classmethod
+    def image_tokens(cls, cfg) -> int:
+        return gpt_config(cfg.target.gpt_config).block_size
 
     @classmethod
     def load(cls, cfg) -> "LlamaGenWorld":

@@ -17,9 +17,10 @@ import torch
 
 from coolsd.decoding.lantern import neighbours_from_codebook
 from coolsd.drafting import SamplingConfig
+from coolsd.loading import reading
 from coolsd.models.lumina import LuminaTarget, load_lumina_target, prompt_ids
 from coolsd.worlds.base import DiscreteWorld, draft_kind
-from coolsd.worlds.files import DTYPES, file_identity, missing_paths
+from coolsd.worlds.files import DTYPES, config_need, file_identity, missing_inputs
 from coolsd.worlds.llamagen import REAL_TARGET_HINT
 
 SOURCES = {
@@ -37,7 +38,7 @@ class TextPrompts:
         self.tok, self.width, self.height = tokenizer, width, height
         self.bos = tokenizer.token_to_id("<s>")
         if self.bos is None:
-            raise ValueError("the text tokenizer has no <s> (BOS) token; expected Chameleon's text_tokenizer.json")
+            raise ValueError("the text tokenizer has no <s> (BOS) token")
 
     def encode(self, captions) -> list[list[int]]:
         enc = lambda s: self.tok.encode(s, add_special_tokens=False).ids  # noqa: E731
@@ -49,9 +50,11 @@ class LuminaWorld(DiscreteWorld):
 
     @classmethod
     def missing_files(cls, cfg) -> list[str]:
-        out = missing_paths(dict(cfg.target.get("files") or {}), SOURCES)
-        d = cfg.get("draft")
-        if d is not None and d.get("kind") == "eagle":
+        out = missing_inputs(cfg, [
+            config_need(cfg, "target.files.model", "model", SOURCES["model"], folder=True, contains=("config.json",)),
+            config_need(cfg, "target.files.vqgan", "vqgan", SOURCES["vqgan"], folder=False),
+            config_need(cfg, "target.files.text_tokenizer", "text_tokenizer", SOURCES["text_tokenizer"], folder=False)])
+        if (cfg.get("draft") or {}).get("kind") == "eagle":
             out.append("drafter: no EAGLE head for Lumina-mGPT is available (use draft=self, or method=ar / sjd)")
         return out
 
@@ -70,10 +73,11 @@ class LuminaWorld(DiscreteWorld):
             raise ValueError(f"image_size {size} must be a multiple of {2 * vq_cfg.downsample} (whole 2x2-token grid cells)")
         kind = draft_kind(cfg, "none", ("self", "none"), t.name, "itself (draft=self)")
         latent = size // vq_cfg.downsample  # 48 at 768 px
+        with reading(f.text_tokenizer, "Chameleon's text tokenizer (text_tokenizer.json)", SOURCES["text_tokenizer"]):
+            encoder = TextPrompts(Tokenizer.from_file(os.fspath(f.text_tokenizer)), size, size)  # first: seconds, not minutes
         target = load_lumina_target(f.model, f.vqgan, h_latent=latent, w_latent=latent, cfg_scale=float(t.cfg_scale),
                                     vq_config=vq_cfg, dtype=DTYPES[t.get("dtype", "bfloat16")],
                                     device=t.get("device", "cuda"))
-        encoder = TextPrompts(Tokenizer.from_file(os.fspath(f.text_tokenizer)), size, size)
         drafter = None
         if kind == "self":  # a second target over the same weights: its own caches
             drafter = LuminaTarget(target.model, target.vocab, h_latent=latent, w_latent=latent,

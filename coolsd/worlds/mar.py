@@ -13,9 +13,8 @@ from coolsd.continuous.generate import HeadConfig
 from coolsd.models.kl16_vae import KL16_SOURCE, KLVAEConfig, decode_tokens, load_kl16
 from coolsd.models.mar import MAR_CONFIGS, MAR_SOURCE, MARConfig, load_mar
 from coolsd.worlds.base import ContinuousWorld, draft_kind
-from coolsd.worlds.files import DTYPES, file_identity, missing_paths
+from coolsd.worlds.files import DTYPES, config_need, file_identity, missing_inputs
 
-SOURCES = {"checkpoint": MAR_SOURCE, "vae": KL16_SOURCE}
 
 
 def _arch(arch, where: str) -> MARConfig:
@@ -36,11 +35,11 @@ def _arch(arch, where: str) -> MARConfig:
 class MARWorld(ContinuousWorld):
     @classmethod
     def missing_files(cls, cfg) -> list[str]:
-        d = cfg.get("draft")
-        out = missing_paths(dict(cfg.target.files), SOURCES)
-        if d is not None and d.get("kind") == "mar":
-            out += missing_paths({"checkpoint": d.files.checkpoint}, SOURCES, prefix="draft.files")
-        return out
+        needs = [config_need(cfg, "target.files.checkpoint", "checkpoint", MAR_SOURCE, folder=False),
+                 config_need(cfg, "target.files.vae", "vae", KL16_SOURCE, folder=False)]
+        if (cfg.get("draft") or {}).get("kind") == "mar":
+            needs.append(config_need(cfg, "draft.files.checkpoint", "draft checkpoint", MAR_SOURCE, folder=False))
+        return missing_inputs(cfg, needs)
 
     @classmethod
     def load(cls, cfg) -> "MARWorld":

@@ -70,6 +70,10 @@ class TabularWorld(World):
         return [LabPair(s, P, Q) for s, P, Q in lab_pairs(t.vocab, t.length, t.draft_mix, list(t.pairs))]
 
     @classmethod
+    def image_tokens(cls, cfg) -> int:
+        return int(cfg.target.length)
+
+    @classmethod
     def load(cls, cfg) -> "TabularWorld":
         return cls(cfg)
 

@@ -9,6 +9,7 @@ place of T5, and drafters: the shipped EAGLE-1 head (``draft=toy``), the target 
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
@@ -24,6 +25,9 @@ DRAFTS = ("shipped", "self", "eagle")
 TOY_COLUMNS = (Column("toy_clip", "toy_clip"), Column("toy_fid", "toy_fid", 1))
 TOY_PAPER_METRICS = {"clip_score": "toy_clip", "fid": "toy_fid", "image_reward": None}
 FEATURES = "features.safetensors"  # coolsd.toy.assets.FILES["features"]
+# coolsd.toy.assets.ASSETS_DIR and FILES["target"], without importing it (its training code is slow to import)
+SHIPPED_ASSETS = Path(__file__).resolve().parents[1] / "toy" / "assets"
+TARGET_WEIGHTS = "target.safetensors"
 
 
 @functools.lru_cache(maxsize=4)
@@ -78,11 +82,25 @@ class ToyWorld(DiscreteWorld):
 
     @classmethod
     def missing_files(cls, cfg) -> list[str]:
-        from coolsd.worlds.files import missing_paths
+        from coolsd.worlds.files import DRAFTER_FOLDER, config_need, missing_inputs
 
         d = cfg.get("draft") or {}
-        return missing_paths({"drafter": d.get("path")}, {"drafter": "python -m coolsd.drafters.train target=toy"},
-                             prefix="draft.path") if d.get("kind") == "eagle" else []
+        needs = [config_need(cfg, "draft.path", "drafter", "python -m coolsd.drafters.train target=toy", folder=True,
+                             contains=DRAFTER_FOLDER)] if d.get("kind") == "eagle" else []
+        return missing_inputs(cfg, needs)  # the data set's inputs too (dataset=coco2017val: its captions)
+
+    @classmethod
+    def image_tokens(cls, cfg) -> Optional[int]:
+        """The shipped (or ``target.assets``) GPT's block size, from its safetensors header alone."""
+        import json
+
+        from safetensors import safe_open
+
+        path = Path(cfg.target.get("assets") or SHIPPED_ASSETS) / TARGET_WEIGHTS
+        if not path.is_file():
+            return None  # the loader names the missing file
+        with safe_open(str(path), "pt") as f:
+            return int(json.loads(f.metadata()["config"])["gpt"]["block_size"])
 
     @classmethod
     def load(cls, cfg) -> "ToyWorld":

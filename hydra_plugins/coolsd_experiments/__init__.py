@@ -1,15 +1,49 @@
-"""Hydra search-path plugin: puts the repository's ``experiments/`` folder on the config
-search path, so ``python run.py -m +experiment=<name>`` finds the sweep configs from any
-working directory (a relative ``hydra.searchpath`` entry would resolve against the cwd)."""
+"""Hydra plugins of the project:
+
+* a search-path plugin that puts the repository's ``experiments/`` folder on the config search
+  path, so ``python run.py -m +experiment=<name>`` finds the sweep configs from any working
+  directory (a relative ``hydra.searchpath`` entry would resolve against the cwd);
+* the ``coolsd_log_name`` resolver (conf/config.yaml ``hydra.job_logging``): one job log per shard;
+* ``MergeHint``, a callback (conf/config.yaml ``hydra.callbacks``) that prints, on the console
+  of the command that launched a multirun, the ``python -m coolsd.merge`` command of every sharded
+  run folder once all jobs have returned (the jobs' own hints land in the launcher's job logs).
+
+Invariant: importing this module registers the resolver; Hydra imports it while discovering
+plugins, and a launcher's job process imports it when it unpickles the callback.
+"""
 from pathlib import Path
+from typing import Any
 
 from hydra.core.config_search_path import ConfigSearchPath
+from hydra.experimental.callback import Callback
 from hydra.plugins.search_path_plugin import SearchPathPlugin
+from omegaconf import DictConfig, OmegaConf
 
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
+
+
+def _log_name(job, index, count) -> str:
+    from coolsd.shards import log_name
+
+    return log_name(job, index, count)
+
+
+OmegaConf.register_new_resolver("coolsd_log_name", _log_name, replace=True)
 
 
 class CoolsdExperimentsSearchPath(SearchPathPlugin):
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
         if EXPERIMENTS.is_dir():
             search_path.append(provider="coolsd-experiments", path=f"file://{EXPERIMENTS}")
+
+
+class MergeHint(Callback):
+    """At the end of a multirun, print the merge command of each sharded run folder in it."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from coolsd.shards import merge_commands
+
+        commands = merge_commands(config.hydra.sweep.dir)
+        if commands:
+            print("every shard has returned; merge each sharded run into its records and summary:\n  "
+                  + "\n  ".join(commands), flush=True)

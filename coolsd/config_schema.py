@@ -1,0 +1,359 @@
+"""The job config's schema and its range checks (issue 16): nothing silently wrong.
+
+Two layers, both before any model loads:
+
+* **types, at compose time**: Hydra structured configs (dataclasses registered in Hydra's
+  ConfigStore by ``register_schemas``, which the ``hydra_plugins.coolsd_schema`` plugin calls on
+  every Hydra start): the top level (``coolsd_schema``, first in conf/config.yaml's defaults),
+  ``dataset``, ``sampling``, ``tree``, ``shard`` and every ``target`` (a base schema with the common
+  fields, one subclass per kind of target; each conf/<group>/<name>.yaml names its schema first in
+  its defaults). ``sampling.top_k=abc`` fails while composing, naming the key. The schemas are
+  *open* (struct flag off) so that ``+key=value`` still adds keys (tests point targets at tiny
+  configs with ``+target.vq_config=...``); they type the keys they declare.
+* **ranges, in one place**: ``check_config(cfg, world_cls, out_dir)`` raises a ``ConfigError``
+  naming the key, the value and the valid range (finite numbers, ``n_prompts`` within the prompt
+  pool, ``seed >= 0``, ``threads >= 1``, ``batch_size >= 1``, ``tree.draft_length`` within the
+  target's image tokens, a CUDA device that exists, an output folder that can be written, ...).
+  Method parameter *names* are the method registry's (``coolsd.methods.check_method``); their
+  values are checked to be finite here and fully when the method is built.
+
+Invariant: a config that ``check_config`` accepts composes, its values are in range, and its run
+folder can be created; a refused one has written nothing (``coolsd.runner.CheckBeforeRun`` runs the
+check before Hydra creates the run folder).
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from coolsd.errors import ConfigError
+
+
+# ------------------------------------------------------------------------------ the schemas
+@dataclass
+class SamplingSchema:
+    """Logit warpers; null = the target's protocol value (``target.sampling``)."""
+
+    temperature: Optional[float] = None
+    top_k: Optional[int] = None
+    top_p: Optional[float] = None
+
+
+@dataclass
+class ShardSchema:
+    index: int = 0
+    count: int = 1
+
+
+@dataclass
+class DeterministicSchema:
+    batch_invariant: bool = False
+
+
+@dataclass
+class DatasetSchema:
+    name: str = MISSING
+    n_prompts: int = MISSING
+    offset: int = 0
+
+
+@dataclass
+class CocoDatasetSchema(DatasetSchema):
+    captions: Optional[str] = None
+    images: Optional[str] = None
+    cache_dir: str = "outputs/cache"
+
+
+@dataclass
+class TreeSchema:
+    name: str = MISSING
+    draft_length: Optional[int] = None
+
+
+@dataclass
+class TargetSchema:
+    """What every target has."""
+
+    name: str = MISSING
+
+
+@dataclass
+class TokenTargetSchema(TargetSchema):
+    """A discrete (token) target: guidance and protocol sampling values."""
+
+    cfg_scale: float = MISSING
+    sampling: SamplingSchema = field(default_factory=SamplingSchema)
+
+
+@dataclass
+class ToyTargetSchema(TokenTargetSchema):
+    assets: Optional[str] = None  # null = coolsd/toy/assets
+
+
+@dataclass
+class LlamaGenTargetSchema(TokenTargetSchema):
+    gpt_config: Any = MISSING  # a named config (GPT_XL) or a mapping of LlamaGenConfig fields
+    files: Dict[str, Optional[str]] = field(default_factory=dict)
+    device: str = "cuda"
+    dtype: str = "bfloat16"
+    t5_dtype: str = "bfloat16"
+
+
+@dataclass
+class LuminaTargetSchema(TokenTargetSchema):
+    image_size: int = MISSING
+    files: Dict[str, Optional[str]] = field(default_factory=dict)
+    device: str = "cuda"
+    dtype: str = "bfloat16"
+
+
+@dataclass
+class HeadSchema:
+    """A continuous target's diffusion head settings (``coolsd.continuous.generate.HeadConfig``)."""
+
+    steps: int = MISSING
+    cfg: float = MISSING
+    cfg_schedule: str = MISSING
+    temperature: float = MISSING
+    order: str = MISSING
+    clip_x0: Optional[float] = None
+
+
+@dataclass
+class ToyContinuousTargetSchema(TargetSchema):
+    assets: Optional[str] = None
+    head: HeadSchema = field(default_factory=HeadSchema)
+
+
+@dataclass
+class MARTargetSchema(TargetSchema):
+    arch: Any = MISSING  # a released architecture name or a mapping of MARConfig fields
+    files: Dict[str, Optional[str]] = field(default_factory=dict)
+    device: str = "cuda"
+    dtype: str = "float32"
+    head: HeadSchema = field(default_factory=HeadSchema)
+
+
+@dataclass
+class TabularTargetSchema(TargetSchema):
+    vocab: int = MISSING
+    length: int = MISSING
+    draft_mix: float = MISSING
+    concentration: float = MISSING
+    pairs: List[int] = field(default_factory=list)
+    n_samples: int = MISSING
+
+
+@dataclass
+class ConfigSchema:
+    """The top level (conf/config.yaml). Groups a registry validates (method, draft, logger) stay
+    untyped here."""
+
+    target: Any = MISSING
+    draft: Any = None
+    method: Any = MISSING
+    tree: Any = MISSING
+    dataset: Any = MISSING
+    logger: Any = None
+    seed: int = 0
+    baseline: bool = True
+    threads: int = 1
+    batch_size: int = 1
+    compile: bool = False
+    quality_signals: bool = True
+    deterministic: DeterministicSchema = field(default_factory=DeterministicSchema)
+    shard: ShardSchema = field(default_factory=ShardSchema)
+    sampling: SamplingSchema = field(default_factory=SamplingSchema)
+
+
+# (group, name) -> schema: conf/<group>/<file>.yaml lists ``- <name>`` first in its defaults
+SCHEMAS = {
+    (None, "coolsd_schema"): ConfigSchema,
+    ("dataset", "dataset_schema"): DatasetSchema,
+    ("dataset", "coco_dataset_schema"): CocoDatasetSchema,
+    ("tree", "tree_schema"): TreeSchema,
+    ("target", "toy_schema"): ToyTargetSchema,
+    ("target", "llamagen_schema"): LlamaGenTargetSchema,
+    ("target", "lumina_schema"): LuminaTargetSchema,
+    ("target", "toy_continuous_schema"): ToyContinuousTargetSchema,
+    ("target", "mar_schema"): MARTargetSchema,
+    ("target", "tabular_schema"): TabularTargetSchema,
+}
+
+
+def register_schemas() -> None:
+    """Store every schema in Hydra's ConfigStore (open: ``+key=value`` may add keys)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    for (group, name), schema in SCHEMAS.items():
+        node = OmegaConf.structured(schema)
+        OmegaConf.set_struct(node, False)
+        cs.store(group=group, name=name, node=node)
+
+
+# ------------------------------------------------------------------------------ the range checks
+# prompt pools by dataset.name (None: no upper bound; ImageNet labels cycle through the 1,000 classes)
+COCO_VAL_IMAGES = 5000  # MS-COCO 2017 val: one (the longest) caption per image
+
+
+def prompt_pool(name: str) -> Optional[int]:
+    from coolsd.toy.scenes import PROMPT_POOL
+
+    return {"toy": PROMPT_POOL, "coco2017val": COCO_VAL_IMAGES}.get(name)
+
+
+def _get(cfg, key: str, default=None):
+    v = OmegaConf.select(cfg, key, default=default) if isinstance(cfg, DictConfig) else default
+    return default if v is None else v
+
+
+def require_int(key: str, value, low: int, high: Optional[int] = None, hint: str = "") -> int:
+    """``value`` as an int within [low, high], else a ConfigError naming ``key``."""
+    ok = not isinstance(value, bool) and isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if ok and value >= low and (high is None or value <= high):
+        return int(value)
+    valid = f"an integer >= {low}" if high is None else f"an integer in {low} .. {high}"
+    raise ConfigError(f"{key}={value!r} is invalid: it must be {valid}{hint}")
+
+
+def require_number(key: str, value, *, low=None, low_open=False, high=None) -> float:
+    """``value`` as a finite float within the bounds, else a ConfigError naming ``key``."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        v = math.nan
+    ok = not isinstance(value, bool) and math.isfinite(v) and (low is None or (v > low if low_open else v >= low)) \
+        and (high is None or v <= high)
+    if ok:
+        return v
+    rng = " and".join(s for s in [(f" {'>' if low_open else '>='} {low}" if low is not None else ""),
+                                  (f" <= {high}" if high is not None else "")] if s)
+    raise ConfigError(f"{key}={value!r} is invalid: it must be a finite number{rng}")
+
+
+def check_sampling(key: str, sampling) -> None:
+    """``<key>.temperature`` >= 0, ``<key>.top_k`` an integer >= 0 (0 = the whole vocabulary) and
+    ``<key>.top_p`` in (0, 1], each finite; null entries fall back to the target's."""
+    if not sampling:
+        return
+    s = dict(sampling)
+    if s.get("temperature") is not None:
+        require_number(f"{key}.temperature", s["temperature"], low=0)
+    if s.get("top_k") is not None:
+        require_int(f"{key}.top_k", s["top_k"], 0, hint=" (0 = the whole vocabulary) or null")
+    if s.get("top_p") is not None:
+        require_number(f"{key}.top_p", s["top_p"], low=0, low_open=True, high=1)
+
+
+def check_device(cfg) -> None:
+    """``target.device`` must exist here: a CUDA device without CUDA is refused with how to run on CPU."""
+    device = _get(cfg, "target.device")
+    if device is None or not str(device).startswith("cuda"):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        dtypes = " ".join(f"{k}=float32" for k in ("target.dtype", "target.t5_dtype") if _get(cfg, k) is not None)
+        raise ConfigError(f"target.device={device} but CUDA is not available on this machine "
+                          f"(torch.cuda.is_available() is False); to run on the CPU: target.device=cpu {dtypes}".rstrip()
+                          + " (float32 works there; bfloat16 is slow or unsupported on CPUs)")
+
+
+def check_dtypes(cfg) -> None:
+    from coolsd.worlds.files import DTYPES
+
+    for key in ("target.dtype", "target.t5_dtype"):
+        v = _get(cfg, key)
+        if v is not None and v not in DTYPES:
+            raise ConfigError(f"{key}={v!r} is invalid: valid: {', '.join(DTYPES)}")
+
+
+def writable_dir_error(folder) -> Optional[str]:
+    """Why ``folder`` cannot be used as an output folder (None: it can). It is created if need be
+    (Hydra would create it next); root ignores permission bits, so creating it is the test."""
+    p = Path(os.fspath(folder))
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return f"{p} cannot be created ({e.strerror or e})"
+    if not p.is_dir():
+        return f"{p} is not a folder"
+    if not os.access(p, os.W_OK | os.X_OK):
+        return f"{p} is not writable by this user"
+    return None
+
+
+def check_output_dir(folder, key: str = "hydra.run.dir") -> None:
+    why = writable_dir_error(folder)
+    if why:
+        raise ConfigError(f"output folder {why}; set {key}=<a writable folder>")
+
+
+def method_from_cfg(cfg) -> tuple[str, dict]:
+    """(method name, its parameters) of a job config."""
+    m = OmegaConf.to_container(cfg.method, resolve=True)
+    return m.pop("name"), m
+
+
+def check_config(cfg, world_cls=None, out_dir=None, out_key: str = "hydra.run.dir") -> None:
+    """Every check of a composed job config before any model loads (see the module docstring):
+    the ranges, the files the target needs (its ``missing_files``), the device and the run
+    folder, in that order; ``world_cls``: the target's world class (default: from ``target.name``);
+    ``out_dir``: the run folder, checked for being writable."""
+    from coolsd.methods import check_method
+    from coolsd.shards import Shard
+    from coolsd.worlds import WORLDS, world_class
+    from coolsd.worlds.files import require_files
+
+    world_cls = world_cls or world_class(cfg.target.name)
+    require_int("seed", _get(cfg, "seed", 0), 0)
+    require_int("threads", _get(cfg, "threads", 1), 1)
+    require_int("batch_size", _get(cfg, "batch_size", 1), 1)
+    s = cfg.get("shard") or {}
+    Shard(s.get("index", 0), s.get("count", 1))
+    check_sampling("target.sampling", _get(cfg, "target.sampling"))
+    check_sampling("sampling", cfg.get("sampling"))
+    for key in ("target.cfg_scale",):
+        if _get(cfg, key) is not None:
+            require_number(key, _get(cfg, key), low=0)
+    d = cfg.get("dataset")
+    if d is not None and d.get("n_prompts") is not None:
+        pool = prompt_pool(d.get("name"))
+        offset = require_int("dataset.offset", d.get("offset", 0), 0, None if pool is None else pool - 1)
+        high = None if pool is None else pool - offset
+        require_int("dataset.n_prompts", d.get("n_prompts"), 1, high,
+                    "" if pool is None else f" (the {d.get('name')} pool has {pool} prompts, from dataset.offset={offset})")
+    name, params = method_from_cfg(cfg)
+    try:
+        check_method(name, world_cls.family, params)  # the registry's names, family and parameter names
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    for k, v in params.items():
+        if isinstance(v, float):
+            require_number(f"method.{k}", v)
+    length = _get(cfg, "tree.draft_length")
+    if length is not None:
+        n = world_cls.image_tokens(cfg)
+        require_int("tree.draft_length", length, 1, n,
+                    "" if n is None else f" (no longer than target {cfg.target.name}'s {n} image tokens)")
+    invariant = bool(_get(cfg, "deterministic.batch_invariant", False))
+    if cfg.get("compile", False) and not world_cls.compiles:
+        have = ", ".join(n for n in WORLDS if world_class(n).compiles)
+        raise ConfigError(f"compile=true is not implemented for target={cfg.target.name} yet ({have} have it); "
+                          f"run it eagerly with compile=false")
+    if cfg.get("compile", False) and invariant:
+        raise ConfigError("compile=true and deterministic.batch_invariant=true exclude each other (compiled kernels "
+                          "fuse and reorder float operations); set one of them to false")
+    check_dtypes(cfg)
+    # the files (coolsd.worlds.files: every missing one at once), then the device they would load on
+    require_files(cfg.target.name, world_cls.missing_files(cfg))
+    check_device(cfg)
+    if out_dir is not None:
+        check_output_dir(out_dir, out_key)
+
