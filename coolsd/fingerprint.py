@@ -20,10 +20,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 
-from coolsd.records import sha256_file
+from coolsd.records import sha256_file, write_json_atomic
 
 ANNOUNCE_BYTES = 1 << 30  # hashing a file this large takes seconds: say so
 
@@ -58,11 +57,7 @@ def file_sha256(path) -> str:
     if _stat_key(path) != key:  # changed while being read: do not cache a digest of a moving file
         return digest
     try:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=entry.parent, prefix=entry.name, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump({**key, "sha256": digest}, f)
-        os.replace(tmp, entry)
+        write_json_atomic({**key, "sha256": digest}, entry)
     except OSError:
         pass  # a read-only cache: computed again next time
     return digest

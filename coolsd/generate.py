@@ -19,7 +19,7 @@ from coolsd.decoding.sampling import sample_inverse_cdf
 from coolsd.decoding.trees import EMPTY_TREE, Tree
 from coolsd.compiled import compiled_for
 from coolsd.decoding.verify import verify_tree
-from coolsd.drafting import RoundInfo, SamplingConfig, _gather_nodes
+from coolsd.drafting import RoundInfo, SamplingConfig
 from coolsd.protocols import ARModel
 
 
@@ -145,7 +145,8 @@ def _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_
             raise ValueError("a target without a condition needs bos_token")
         _check_finite(prefill.logits[:, -1:], n_out, torch.ones(B, dtype=torch.bool))
         u0 = rng.uniform(1)[:, 0]
-        root = sample_inverse_cdf(sampling.probs(prefill.logits[:, -1]), u0)
+        p0 = sampling.probs(prefill.logits[:, -1:])  # (B, 1, V): the first token's distribution
+        root = sample_inverse_cdf(p0[:, 0], u0)
         out[:, 0] = root
         n_out += 1
     else:
@@ -163,7 +164,7 @@ def _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_
     if distortion and bos_token is None:  # the first token's NLL and its expectation (drawn from p), from the prefill
         logp0 = target_log_probs(prefill.logits[:, -1:], sampling)
         dist[:, NLL, 0] = -logp0[:, 0].gather(1, out[:, :1])[:, 0].to(dist.dtype)
-        dist[:, XNLL, 0] = expected_nll(sampling.probs(prefill.logits[:, -1:]), logp0)[:, 0].to(dist.dtype)
+        dist[:, XNLL, 0] = expected_nll(p0, logp0)[:, 0].to(dist.dtype)
     round_log: list[torch.Tensor] = []
     t_len = torch.zeros(B, dtype=torch.long)  # committed target entries after the condition
     n1 = tree.n_nodes + 1

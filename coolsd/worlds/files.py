@@ -90,15 +90,6 @@ def missing_inputs(cfg, needs) -> list[str]:
     return [p for n in [*dataset_needs(cfg), *needs] if (p := n.problem()) is not None]
 
 
-def missing_paths(files: dict, sources: dict, prefix: str = "target.files") -> list[str]:
-    """``missing_inputs``' lines for a mapping ``files`` {name: path}: ``prefix`` is the config
-    mapping holding them (``target.files``: key ``target.files.<name>``) or, ending otherwise, the
-    key of a single entry (``draft.path``). No environment variables (no config to read them from)."""
-    keyed = prefix.rsplit(".", 1)[-1] == "files"
-    return [p for name, path in files.items()
-            if (p := Need(name, f"{prefix}.{name}" if keyed else prefix, path, sources.get(name, "")).problem())]
-
-
 def file_identity(path) -> dict:
     """A loaded file's (or folder's) identity in ``run.json``: name, bytes and content sha256
     (``coolsd.fingerprint``: cached while the file is unchanged; never fooled by a same-size replacement)."""
