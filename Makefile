@@ -7,7 +7,7 @@ VPY     := $(VENV)/bin/python
 TORCH   ?= torch==2.13.0
 STAMP   := $(VENV)/.installed
 
-.PHONY: install run test theory toy-assets toy-continuous-assets demo continuous-bench speed claims paper-table2 clean
+.PHONY: install run test theory toy-assets toy-continuous-assets demo continuous-bench speed claims paper-table2 sota-table clean
 
 $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -55,6 +55,10 @@ claims: $(STAMP)
 TARGETS ?= toy
 paper-table2: $(STAMP)
 	$(VPY) -m coolsd.report.table2 --targets $(TARGETS)
+
+# The field's parallel decoders beside the drafted methods on one target, one protocol -> results/sota/
+sota-table: $(STAMP)
+	$(VPY) -m coolsd.report.sota --targets $(TARGETS)
 
 clean:
 	rm -rf $(VENV) outputs multirun

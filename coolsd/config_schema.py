@@ -98,6 +98,7 @@ class ToyTargetSchema(TokenTargetSchema):
 @dataclass
 class LlamaGenTargetSchema(TokenTargetSchema):
     gpt_config: Any = MISSING  # a named config (GPT_XL) or a mapping of LlamaGenConfig fields
+    variant: str = "upstream"  # padded-text-slot attention: upstream (LlamaGen) | lantern (LANTERN, the paper's)
     files: Dict[str, Optional[str]] = field(default_factory=dict)
     device: str = "cuda"
     dtype: str = "bfloat16"
@@ -251,14 +252,37 @@ def check_sampling(key: str, sampling) -> None:
         require_number(f"{key}.top_p", s["top_p"], low=0, low_open=True, high=1)
 
 
+def _torch_built_with_cuda() -> Optional[bool]:
+    """Whether the installed torch is a CUDA build, read from ``torch/version.py`` (``cuda = None``
+    in a CPU build) WITHOUT importing torch (seconds of CPU); None if that cannot be read."""
+    import importlib.util
+    import re
+    import sys
+
+    if "torch" in sys.modules:
+        return None
+    try:
+        spec = importlib.util.find_spec("torch")
+        text = (Path(spec.origin).parent / "version.py").read_text()
+    except (ImportError, AttributeError, TypeError, OSError):
+        return None
+    m = re.search(r"^cuda\s*(?::[^=\n]*)?=\s*(\S.*)$", text, re.M)
+    return None if m is None else m.group(1).strip() != "None"
+
+
 def check_device(cfg) -> None:
-    """``target.device`` must exist here: a CUDA device without CUDA is refused with how to run on CPU."""
+    """``target.device`` must exist here: a CUDA device without CUDA is refused with how to run on
+    CPU (a CPU build of torch is recognised without importing it)."""
     device = _get(cfg, "target.device")
     if device is None or not str(device).startswith("cuda"):
         return
-    import torch
+    if _torch_built_with_cuda() is False:
+        available = False
+    else:
+        import torch
 
-    if not torch.cuda.is_available():
+        available = torch.cuda.is_available()
+    if not available:
         dtypes = " ".join(f"{k}=float32" for k in ("target.dtype", "target.t5_dtype") if _get(cfg, k) is not None)
         raise ConfigError(f"target.device={device} but CUDA is not available on this machine "
                           f"(torch.cuda.is_available() is False); to run on the CPU: target.device=cpu {dtypes}".rstrip()
@@ -272,6 +296,16 @@ def check_dtypes(cfg) -> None:
         v = _get(cfg, key)
         if v is not None and v not in DTYPES:
             raise ConfigError(f"{key}={v!r} is invalid: valid: {', '.join(DTYPES)}")
+
+
+def check_variant(cfg, world_cls) -> None:
+    """``target.variant`` of a target that has variants (``world_cls.variants``: LlamaGen's
+    padded-text-slot attention, ``coolsd.models.llamagen.VARIANTS``) is one of them."""
+    valid = getattr(world_cls, "variants", ())
+    v = _get(cfg, "target.variant")
+    if valid and v is not None and v not in valid:
+        raise ConfigError(f"target.variant={v!r} is invalid: valid: {', '.join(valid)} (upstream = LlamaGen's "
+                          f"padded-text-slot attention, lantern = LANTERN's, which the paper ran)")
 
 
 def writable_dir_error(folder) -> Optional[str]:
@@ -304,14 +338,13 @@ def method_from_cfg(cfg) -> tuple[str, dict]:
 def check_config(cfg, world_cls=None, out_dir=None, out_key: str = "hydra.run.dir") -> None:
     """Every check of a composed job config before any model loads (see the module docstring):
     the ranges, the files the target needs (its ``missing_files``), the device and the run
-    folder, in that order; ``world_cls``: the target's world class (default: from ``target.name``);
+    folder, in that order (the value checks import no torch: they refuse in ~1 s); ``world_cls``: the target's world class (default: from ``target.name``);
     ``out_dir``: the run folder, checked for being writable."""
-    from coolsd.methods import check_method
     from coolsd.shards import Shard
     from coolsd.worlds import WORLDS, world_class
-    from coolsd.worlds.files import require_files
 
-    world_cls = world_cls or world_class(cfg.target.name)
+    # the value checks first, torch-free (~1 s to refuse); the world modules and the method
+    # registry import torch (~4 s of CPU on a small machine)
     require_int("seed", _get(cfg, "seed", 0), 0)
     require_int("threads", _get(cfg, "threads", 1), 1)
     require_int("batch_size", _get(cfg, "batch_size", 1), 1)
@@ -330,13 +363,10 @@ def check_config(cfg, world_cls=None, out_dir=None, out_key: str = "hydra.run.di
         require_int("dataset.n_prompts", d.get("n_prompts"), 1, high,
                     "" if pool is None else f" (the {d.get('name')} pool has {pool} prompts, from dataset.offset={offset})")
     name, params = method_from_cfg(cfg)
-    try:
-        check_method(name, world_cls.family, params)  # the registry's names, family and parameter names
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
     for k, v in params.items():
         if isinstance(v, float):
             require_number(f"method.{k}", v)
+    world_cls = world_cls or world_class(cfg.target.name)
     length = _get(cfg, "tree.draft_length")
     if length is not None:
         n = world_cls.image_tokens(cfg)
@@ -350,10 +380,18 @@ def check_config(cfg, world_cls=None, out_dir=None, out_key: str = "hydra.run.di
     if cfg.get("compile", False) and invariant:
         raise ConfigError("compile=true and deterministic.batch_invariant=true exclude each other (compiled kernels "
                           "fuse and reorder float operations); set one of them to false")
+    from coolsd.methods import check_method
+    from coolsd.worlds.files import require_files
+
+    try:
+        check_method(name, world_cls.family, params)  # the registry's names, family and parameter names
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     check_dtypes(cfg)
+    check_variant(cfg, world_cls)
     # the files (coolsd.worlds.files: every missing one at once), then the device they would load on
     require_files(cfg.target.name, world_cls.missing_files(cfg))
-    check_device(cfg)
+    check_device(cfg)  # after the files: a run without weights lists them whatever the device
     if out_dir is not None:
         check_output_dir(out_dir, out_key)
 

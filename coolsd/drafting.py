@@ -14,7 +14,7 @@ from typing import Any, Optional
 import torch
 
 from coolsd.compiled import compile_step
-from coolsd.decoding.sampling import sample_inverse_cdf, sample_without_replacement, warp_probs
+from coolsd.decoding.sampling import normalize, sample_inverse_cdf, sample_without_replacement, warp_probs
 from coolsd.decoding.trees import Tree
 from coolsd.protocols import ARModel, StepOut
 
@@ -179,20 +179,68 @@ class ModelDrafter:
 class JacobiDrafter:
     """SJD's drafter (METHODS.md 4): the window's drafts are the previous iteration's target
     samples at the positions after the accepted prefix (q = the p they were drawn from), topped
-    up with uniformly random tokens from ``[token_lo, token_hi)`` (q one-hot)."""
+    up with uniformly random tokens from ``[token_lo, token_hi)`` (q one-hot).
 
-    def __init__(self, vocab_size: int, window: int, token_range=None, active_range=None):
+    ``coupling`` (MC-SJD / SCD, arXiv 2510.24211): how the next iteration's sample at a position
+    is drawn from this iteration's p there. ``None`` (SJD): independently. ``"maximal"``: coupled
+    to the draft that held that position in this window (d, drawn from q): keep d with
+    probability min(1, p(d) / q(d)), else draw from Norm([p - q]_+) (a maximal coupling of q and
+    p: the sample is still distributed as p, and equals d as often as possible). ``"gumbel"``:
+    every position keeps one Gumbel noise vector g from when it enters the window until it is
+    emitted, and each of its samples is argmax(log p + g) (its top-up draft argmax of g over the
+    token range: uniform, q one-hot).
+
+    Lossless either way (the lab's chi-square tests decide): a position that is still a draft has
+    never been verified (a verified draft is accepted or replaced by the emitted token), so the
+    history of tests is a function of other positions' noise and the verification uniforms, and
+    the noise kept at a draft position (d or g) is, given that history, distributed as when it was
+    drawn: each carried sample is distributed as the p it reports as q. (junhyukso/SCD's MC
+    sampler reports a KEPT draft with its old q instead; a kept draft is distributed as
+    min(q, p) / beta, so that proposal is wrong, and in the lab that bookkeeping fails the
+    chi-square test: tests/test_parallel_decoders.py.)
+
+    ``init`` (SJD's ``multi_token_init_scheme``, scheduler/jacobi_iteration_lumina_mgpt.py
+    ``get_multi_token_for_preparation``): what the top-ups are on an image grid ``grid_width``
+    tokens wide. ``random``: uniform on the token range. ``repeat_horizon``: the token to the left
+    (upstream reads it from the window when it is not emitted yet, so a run of top-ups repeats the
+    last token before them); ``sample_horizon``: the most likely token of the distribution the
+    token to the left was drawn from (upstream samples it after top-k 1: its argmax); both random
+    at a row's first column. ``vertical_repeat``: the token one row above (random in the first
+    row); upstream has it but disables it, its paper's Fig. 9 finds it the fastest. Every top-up
+    has a one-hot q (it is a given token, not a draw), so the choice changes speed, never the
+    output distribution."""
+
+    COUPLINGS = (None, "maximal", "gumbel")
+    INITS = ("random", "repeat_horizon", "sample_horizon", "vertical_repeat")
+
+    def __init__(self, vocab_size: int, window: int, token_range=None, active_range=None, coupling=None,
+                 init: str = "random", grid_width: Optional[int] = None):
+        if coupling not in self.COUPLINGS:
+            raise ValueError(f"unknown coupling {coupling!r}; valid: maximal, gumbel (or none)")
+        if init not in self.INITS:
+            raise ValueError(f"unknown Jacobi init {init!r}; valid: {', '.join(self.INITS)}")
+        if init != "random" and not grid_width:
+            raise ValueError(f"init={init} needs the image grid's width; this target has no image grid (use init=random)")
         self.V = vocab_size
         self.n = window - 1
         self.lo, self.hi = token_range if token_range is not None else (0, vocab_size)
         self.active = active_range  # (l, r): Jacobi window only for l <= n_out < r
+        self.coupling = coupling
+        self.init, self.width = init, grid_width
         self.forwards = 0
 
     def begin(self, cond, batch_size, first_token, target_out):
         self.root = first_token
         self.carry_tokens = torch.zeros(batch_size, self.n, dtype=torch.long)
         self.carry_q = None
+        self.carry_g = None  # gumbel: (B, n, V) the noise of the carried positions
         self.carry_count = torch.zeros(batch_size, dtype=torch.long)
+        # spatial inits: image positions. The root is image token 0 when the target was prefilled
+        # (the loop draws it from the prefill), a BOS (no position) when it was not.
+        self.n_out = torch.full((batch_size,), 0 if target_out is None else 1, dtype=torch.long)
+        # emitted tokens by position (vertical_repeat), the root first when it is image token 0
+        self.history = torch.zeros(batch_size, 0, dtype=torch.long) if target_out is None else first_token.view(-1, 1).clone()
+        self.root_q = None  # sample_horizon: the distribution the root was emitted from (None: one-hot)
 
     def depth_cap(self, n_out: torch.Tensor) -> Optional[torch.Tensor]:
         if self.active is None:
@@ -202,35 +250,125 @@ class JacobiDrafter:
 
     def propose(self, tree: Tree, rng, max_depth: torch.Tensor):
         B, n = self.carry_tokens.shape[0], self.n
-        u = rng.uniform(2, n)  # row 0: random top-ups, row 1: next iteration's target samples
+        # row 0: random top-ups, row 1: next iteration's target samples, row 2 (maximal): keep tests
+        u = rng.uniform(3 if self.coupling == "maximal" else 2, n)
         self._u_next = u[:, 1]
-        rand = (self.lo + (u[:, 0] * (self.hi - self.lo)).long()).clamp(max=self.hi - 1)
+        self._u_keep = u[:, 2] if self.coupling == "maximal" else None
         slot = torch.arange(n).unsqueeze(0)
         carried = slot < self.carry_count.unsqueeze(1)
+        if self.coupling == "gumbel":  # fresh noise for every slot and the position after the window
+            fresh = _gumbel(rng.uniform(n + 1, self.V))  # (B, n+1, V)
+            g = fresh[:, :n] if self.carry_g is None else torch.where(carried.unsqueeze(-1), self.carry_g, fresh[:, :n])
+            self._g = torch.cat([g, fresh[:, n:]], 1)  # (B, n+1, V): depths 1..n+1
+            rand = self.lo + g[..., self.lo : self.hi].argmax(-1)  # uniform on the range
+        else:
+            rand = (self.lo + (u[:, 0] * (self.hi - self.lo)).long()).clamp(max=self.hi - 1)
+        if self.init != "random":
+            rand = self._spatial_topups(carried, rand)
         drafts = torch.where(carried, self.carry_tokens, rand)
         q = torch.nn.functional.one_hot(drafts, self.V).double()
         if self.carry_q is not None:
             q = torch.where(carried.unsqueeze(-1), self.carry_q.to(q.dtype), q)
         tokens = torch.cat([self.root.unsqueeze(1), drafts], dim=1)
         q = torch.cat([torch.zeros(B, 1, self.V, dtype=q.dtype), q], dim=1)
+        self._drafts, self._q = drafts, q
         return tokens, q
+
+    def _spatial_topups(self, carried: torch.Tensor, rand: torch.Tensor) -> torch.Tensor:
+        """(B, n) top-up tokens of the spatial inits (the class docstring); slot k (depth k+1) holds
+        image position n_out + k; ``rand`` where the init has no source (first column / row)."""
+        n, W = self.n, self.width
+        k = torch.arange(n).unsqueeze(0)
+        pos = self.n_out.unsqueeze(1) + k
+        if self.init == "vertical_repeat":
+            out = torch.where(carried, self.carry_tokens, rand)
+            src = pos - W
+            hist = self.history.gather(1, src.clamp(0, max(self.history.shape[1] - 1, 0))) if self.history.shape[1] \
+                else torch.zeros_like(rand)
+            emitted = (src >= 0) & (src < self.n_out.unsqueeze(1))
+            out = torch.where(~carried & emitted, hist, out)
+            for _ in range((n - 1) // W):  # a source inside the window: filled W slots earlier
+                inside = ~carried & (src >= self.n_out.unsqueeze(1))
+                out = torch.where(inside, out.gather(1, (k - W).clamp(min=0).expand_as(out)), out)
+            return out
+        # horizon: a top-up copies the nearest anchor before it (a carried draft, a first-column
+        # random top-up, or the root at slot -1)
+        anchor = carried | (pos % W == 0)
+        if self.init == "sample_horizon":  # the anchor's most likely token (a random top-up: itself)
+            carried_best = self.carry_q.argmax(-1) if self.carry_q is not None else self.carry_tokens
+            root_best = self.root_q.argmax(-1) if self.root_q is not None else self.root
+            values = torch.where(carried, carried_best, rand)
+        else:
+            values, root_best = torch.where(carried, self.carry_tokens, rand), self.root
+        values = torch.cat([root_best.unsqueeze(1), values], 1)  # (B, n+1): slot -1 = the root
+        src = torch.where(anchor, k + 1, 0).cummax(1).values
+        return torch.where(carried, self.carry_tokens, values.gather(1, src))
+
+    def _samples(self, p: torch.Tensor) -> torch.Tensor:
+        """(B, n): one sample from each node's p (B, n, V); node j (1..n) predicts depth j+1."""
+        if self.coupling == "gumbel":  # argmax(log p + g) of the noise kept at depth j+1
+            return (torch.log(p) + self._g[:, 1:]).argmax(-1)
+        y = sample_inverse_cdf(p, self._u_next)
+        if self.coupling != "maximal":
+            return y
+        # the draft d at depth j+1 (none after the window's last) and its q: keep d w.p. min(1, p(d)/q(d))
+        d = self._drafts[:, 1:]
+        q = self._q[:, 2:].to(p.dtype)
+        pd = p[:, :-1].gather(-1, d.unsqueeze(-1)).squeeze(-1)
+        qd = q.gather(-1, d.unsqueeze(-1)).squeeze(-1)
+        keep = self._u_keep[:, :-1] * qd < pd
+        resid = normalize(torch.clamp(p[:, :-1] - q, min=0.0), p[:, :-1])  # Norm([p - q]_+)
+        moved = sample_inverse_cdf(resid, self._u_next[:, :-1])
+        return torch.cat([torch.where(keep, d, moved), y[:, -1:]], 1)
 
     def observe(self, info: RoundInfo) -> None:
         n = self.n
         # p at node j (j = 1..n) predicts depth j+1; one sample from each, SJD's y_j
         p = info.target_probs[:, 1 : n + 1]
-        y = sample_inverse_cdf(p, self._u_next)
+        y = self._samples(p)
         # the next window (rooted at the emitted token, depth n_acc+1) takes y_{n_acc+1..n}
         idx = (info.n_accepted.unsqueeze(1) + torch.arange(n)).clamp(max=n - 1)
         self.carry_count = n - info.n_accepted
         self.carry_tokens = torch.gather(y, 1, idx)
         self.carry_q = _gather_nodes(p, idx)
+        if self.coupling == "gumbel":  # the noise of node idx's position (depth idx + 2: _g index idx + 1)
+            self.carry_g = _gather_nodes(self._g, idx + 1)
+        if self.init != "random":
+            self._record(info)
         self.root = info.emitted.clamp(min=0)
+
+    def _record(self, info: RoundInfo) -> None:
+        """Positions (and, for vertical_repeat, the tokens) the round emitted: its accepted drafts,
+        then the emitted token; the root's distribution for sample_horizon."""
+        B = info.n_accepted.shape[0]
+        new = info.n_accepted + (info.emitted >= 0).long()
+        if self.init == "vertical_repeat":
+            D = info.path.shape[1]
+            vals = torch.cat([info.tokens.gather(1, info.path.clamp(min=0)), torch.zeros(B, 1, dtype=torch.long)], 1)
+            vals.scatter_(1, info.n_accepted.unsqueeze(1), info.emitted.clamp(min=0).unsqueeze(1))
+            width = int(self.n_out.max()) + D + 2  # the last column: a dump never written with a token this round
+            if self.history.shape[1] < width:
+                self.history = torch.cat([self.history, torch.zeros(B, width - self.history.shape[1], dtype=torch.long)], 1)
+            cols = torch.arange(D + 1).unsqueeze(0)
+            write = cols < new.unsqueeze(1)
+            where = torch.where(write, self.n_out.unsqueeze(1) + cols, self.history.shape[1] - 1)
+            keep = self.history.gather(1, where)
+            self.history.scatter_(1, where, torch.where(write, vals, keep))
+        if self.init == "sample_horizon":  # the emitting node's p (the node after the accepted path)
+            node = torch.where(info.n_accepted > 0, info.path.gather(1, (info.n_accepted - 1).clamp(min=0).unsqueeze(1))[:, 0], 0)
+            self.root_q = _gather_nodes(info.target_probs, node.unsqueeze(1))[:, 0]
+        self.n_out = self.n_out + new
+
+
+def _gumbel(u: torch.Tensor) -> torch.Tensor:
+    """Standard Gumbel noise -log(-log u) from uniforms u in [0, 1) (u = 0 maps to -inf: never the argmax)."""
+    return -torch.log(-torch.log(u))
 
 
 def build_drafter(method, draft_model: Optional[ARModel], sampling: SamplingConfig, vocab_size: int,
-                  token_range=None):
-    """The drafter a method asks for: a model drafter, SJD's Jacobi drafter, or none (AR)."""
+                  token_range=None, grid_width: Optional[int] = None):
+    """The drafter a method asks for: a model drafter, SJD's Jacobi drafter, or none (AR).
+    ``grid_width``: the image grid's width in tokens (SJD's spatial inits; None: no grid)."""
     if method.drafter == "none":
         return None
     if method.drafter == "jacobi":
@@ -238,7 +376,8 @@ def build_drafter(method, draft_model: Optional[ARModel], sampling: SamplingConf
         lo = p.get("active_start")
         hi = p.get("active_end")
         active = None if lo is None and hi is None else (lo or 0, hi if hi is not None else 1 << 62)
-        return JacobiDrafter(vocab_size, p["window"], token_range, active)
+        return JacobiDrafter(vocab_size, p["window"], token_range, active, p.get("coupling"), p.get("init", "random"),
+                             grid_width)
     if draft_model is None:
         raise ValueError(f"method {method.name!r} needs a drafter model; none is configured")
     return ModelDrafter(draft_model, sampling)

@@ -31,7 +31,7 @@ class GenerationResult:
     draft_forwards: int  # drafter forwards for the whole batch
     seconds: float  # wall time of the loop (prefill included, decoding to pixels excluded)
     first_from_prefill: bool = True
-    extra: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)  # "signal_s": eager time spent on the quality signals (in seconds)
     # (B, N) per emitted token: TV and KL of the distribution it was emitted from to the target's
     # (coolsd.decoding.distortion, docs/distortion.md); 0 for tokens drawn from p (AR, bonus, lossless
     # rules), NaN for trees with siblings (no closed form)
@@ -154,7 +154,8 @@ def _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_
     n_out0 = 0 if bos_token is not None else 1
     if drafter is not None:
         drafter.begin(cond, B, root, prefill)
-    round_fn = compiled_for(target, "round", verify_round) if getattr(target, "compiled", False) else verify_round
+    compiled = getattr(target, "compiled", False)
+    round_fn = compiled_for(target, "round", verify_round) if compiled else verify_round
     root = root.clone()  # advanced in place by the round
     buf = torch.zeros(B, n_tokens + tree.max_depth + 2, dtype=torch.long)
     buf[:, : out.shape[1]] = out
@@ -165,6 +166,9 @@ def _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_
         logp0 = target_log_probs(prefill.logits[:, -1:], sampling)
         dist[:, NLL, 0] = -logp0[:, 0].gather(1, out[:, :1])[:, 0].to(dist.dtype)
         dist[:, XNLL, 0] = expected_nll(p0, logp0)[:, 0].to(dist.dtype)
+    # compiled rounds write their signals in the round (static shapes); eager rounds keep the
+    # round's inputs and compute them for many rounds at once (_DeferredSignals): same function
+    sink = (dist if compiled else _DeferredSignals(dist, tree, rule, sampling)) if distortion else None
     round_log: list[torch.Tensor] = []
     t_len = torch.zeros(B, dtype=torch.long)  # committed target entries after the condition
     n1 = tree.n_nodes + 1
@@ -185,7 +189,7 @@ def _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_
             tokens, q = root.unsqueeze(1).clone(), None  # root itself advances in place
         hidden, p, path, n_accepted, emitted, logged, status = round_fn(
             target, tokens, t_len, tree, q, rule or _NO_RULE, u_accept, u_emit, max_depth, remaining, active, sampling,
-            buf, n_out, root, forwards, dist if distortion else None)
+            buf, n_out, root, forwards, sink)
         round_log.append(logged)
         if drafter is not None:
             drafter.observe(RoundInfo(tokens, path, n_accepted, emitted, p, hidden))
@@ -194,8 +198,11 @@ def _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_
         if failed:
             b = int(logged.eq(-2).nonzero()[0, 0])
             raise NonFiniteLogits(b, int(n_out[b]))
+    if isinstance(sink, _DeferredSignals):
+        sink.flush()
     sync()
     seconds = time.perf_counter() - t0
+    extra = {"signal_s": sink.seconds} if isinstance(sink, _DeferredSignals) else {}
     out = buf[:, :n_tokens]
     dist = dist[:, :, :n_tokens]
     log = torch.stack(round_log, 1).tolist() if round_log else [[] for _ in range(B)]
@@ -207,6 +214,7 @@ def _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_
         draft_forwards=getattr(drafter, "forwards", 0),
         seconds=seconds,
         first_from_prefill=bos_token is None,
+        extra=extra,
         step_tv=dist[:, TV],
         step_kl=dist[:, KL],
         token_nll=dist[:, NLL],
@@ -263,11 +271,13 @@ def verify_round(target, tokens, t_len, tree: Tree, q, rule: Rule, u_accept, u_e
     write = cols < n_new.unsqueeze(1)
     where = torch.where(write, n_out.unsqueeze(1) + cols, n_tokens + D)  # dump column
     buf.scatter_(1, where, torch.where(write, vals, 0))
-    # each written token's quality signals (_round_signals) go to the same columns of ``dist``
-    if dist is not None:  # None: not asked for (speculative_generate(distortion=False)), left NaN
-        signals = _round_signals(step.logits, p, q, v, vals, tree, rule, max_depth, sampling, dist.dtype)
-        C = signals.shape[1]
-        dist.scatter_(2, where.unsqueeze(1).expand(B, C, D + 1), torch.where(write.unsqueeze(1), signals, 0))
+    # each written token's quality signals (_round_signals) go to the same columns of ``dist``;
+    # None: not asked for (speculative_generate(distortion=False)), left NaN
+    if isinstance(dist, _DeferredSignals):  # eager: kept, computed with later rounds'
+        dist.add(step.logits, p, q, v.path, v.n_accepted, vals, max_depth, where, write)
+    elif dist is not None:
+        signals = _round_signals(step.logits, p, q, v.path, v.n_accepted, vals, tree, rule, max_depth, sampling, dist.dtype)
+        _write_signals(dist, signals, where, write)
     logged = torch.where(bad, -2, torch.where(active, n_new, -1))
     n_out += torch.where(bad, 0, n_new)
     root.copy_(torch.where(v.emitted >= 0, v.emitted, root))
@@ -275,15 +285,69 @@ def verify_round(target, tokens, t_len, tree: Tree, q, rule: Rule, u_accept, u_e
     return step.hidden, p, v.path, v.n_accepted, v.emitted, logged, status
 
 
-def _round_signals(logits, p, q, v, vals, tree: Tree, rule: Rule, max_depth, sampling: SamplingConfig, dtype):
+def _write_signals(dist, signals, where, write) -> None:
+    """Scatter signals (B, C, W) to ``dist`` (B, C, T) at the token columns ``where`` (B, W) where
+    ``write``; unwritten entries go to ``where``'s dump column as 0 (every dump write is 0, so
+    duplicates there are harmless; every other column is written at most once)."""
+    B, C, W = signals.shape
+    dist.scatter_(2, where.unsqueeze(1).expand(B, C, W), torch.where(write.unsqueeze(1), signals, 0))
+
+
+class _DeferredSignals:
+    """The eager loop's signal sink: each round's inputs to ``_round_signals`` are kept (the round
+    ends with them in memory anyway) and computed for many rounds in one call, stacked along the
+    batch dim: every one of its ops is per row (a sample's round), so R rounds of B samples are R*B
+    rows, and the ~100 small ops a round's signals take at batch 1 are paid once per ``flush``
+    instead of once per round (issue 15: < 5% of decode time). Flushed when the kept tensors reach
+    ``max_elements`` (bounded memory on a real target's vocabulary) and when the loop ends; the
+    values are those of the inline (compiled) path, up to per-row float reductions."""
+
+    max_elements = 1 << 24  # p, q, logits rows kept: (rounds * B * (n+1) * V) elements each at most
+
+    def __init__(self, dist, tree: Tree, rule: Rule, sampling: SamplingConfig):
+        self.dist, self.tree, self.rule, self.sampling = dist, tree, rule, sampling
+        self.rounds: list[tuple] = []
+        self.elements = 0
+        self.seconds = 0.0  # wall time spent here (host clock; eager code runs synchronously on the CPU)
+
+    def add(self, logits, p, q, path, n_accepted, vals, max_depth, where, write) -> None:
+        t0 = time.perf_counter()
+        # logits and q may be buffers the target / drafter reuse: keep copies (p is the round's own)
+        self.rounds.append((logits.clone(), p, q.clone(), path, n_accepted, vals, max_depth, where, write))
+        self.elements += p.numel()
+        self.seconds += time.perf_counter() - t0
+        if self.elements >= self.max_elements:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.rounds:
+            return
+        t0 = time.perf_counter()
+        self._flush()
+        self.seconds += time.perf_counter() - t0
+
+    def _flush(self) -> None:
+        R, B = len(self.rounds), self.rounds[0][1].shape[0]
+        logits, p, q, path, n_accepted, vals, max_depth, where, write = (torch.cat(x) for x in zip(*self.rounds))
+        self.rounds, self.elements = [], 0
+        sig = _round_signals(logits, p, q, path, n_accepted, vals, self.tree, self.rule, max_depth, self.sampling,
+                             self.dist.dtype)  # (R*B, C, W), round-major rows
+        C, W = sig.shape[1:]
+        per_sample = lambda x: x.view(R, B, *x.shape[1:]).transpose(0, 1)  # noqa: E731  (B, R, ...)
+        sig = per_sample(sig).permute(0, 2, 1, 3).reshape(B, C, R * W)
+        _write_signals(self.dist, sig, per_sample(where).reshape(B, R * W), per_sample(write).reshape(B, R * W))
+
+
+def _round_signals(logits, p, q, path, n_accepted, vals, tree: Tree, rule: Rule, max_depth, sampling: SamplingConfig,
+                   dtype):
     """(B, len(TOKEN_SIGNALS), D + 1): the signals of the round's candidate tokens ``vals`` (the
     accepted path, then the emitted token), position j = round depth j + 1. The token at depth j+1
     was verified at that depth if j < max_depth, else drawn from p (a bonus, the image's end); its
     parent node (whose p it was drawn or verified against) is the root for j = 0, else path[j-1].
     Few, batched ops: at batch 1 on a small target their count, not their size, is the cost."""
-    B, D = v.path.shape
+    B, D = path.shape
     V = p.shape[-1]
-    parent = torch.cat([torch.zeros(B, 1, dtype=torch.long), v.path.clamp(min=0)], 1)  # (B, D+1)
+    parent = torch.cat([torch.zeros(B, 1, dtype=torch.long), path.clamp(min=0)], 1)  # (B, D+1)
     # positions past the round's tokens (never written) may hold the BOS id
     at = parent * V + vals.clamp(max=V - 1)
     logp = target_log_probs(logits, sampling)  # (B, n+1, V) at every node
@@ -296,7 +360,7 @@ def _round_signals(logits, p, q, v, vals, tree: Tree, rule: Rule, max_depth, sam
         # (AR: the root only; a chain's node j is at depth j, the parent of position j)
         tv_kl, xnll = torch.zeros(B, 2, D + 1, dtype=dtype), drawn[:, : D + 1]
     elif tree.max_children == 1:  # chain: exact per depth (docs/distortion.md), at the depths the round emitted
-        need = (verified & (depth <= v.n_accepted.unsqueeze(1) + 1))[:, :D]
+        need = (verified & (depth <= n_accepted.unsqueeze(1) + 1))[:, :D]
         d = chain_distortion(rule, p, q, D, need, logp)
         per_depth = torch.nn.functional.pad(torch.stack(d, 1), (0, 1))  # (B, 3, D+1): tv, kl, E nll; bonus column 0
         tv_kl = torch.where(verified.unsqueeze(1), per_depth[:, :2], 0).to(dtype)

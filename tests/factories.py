@@ -231,13 +231,25 @@ def write_lumina_files(d: Path) -> dict:
         "num_key_value_heads": cfg.num_heads, "intermediate_size": cfg.intermediate_size,
         "vocab_size": cfg.vocab_size, "vocabulary_map": VMAP}))
     torch.save(vqgan_ckpt_dict(make_vq(seed=1)), d / "vqgan.ckpt")
-    return {"model": d / "model", "vqgan": d / "vqgan.ckpt", "text_tokenizer": write_text_tokenizer(d / "text_tokenizer.json")}
+    return {"model": d / "model", "vqgan": d / "vqgan.ckpt", "text_tokenizer": write_text_tokenizer(d / "text_tokenizer.json"),
+            "drafter": write_lumina_drafter(d / "drafter")}
+
+
+def write_lumina_drafter(d: Path, seed: int = 0) -> Path:
+    """A random-weight LANTERN-layout EAGLE drafter folder for the tiny Lumina model (its embedding;
+    config.json + model.safetensors, as ``coolsd.drafters.eagle_lumina.save_lumina_drafter``)."""
+    from coolsd.drafters.eagle_lumina import LuminaEagleHead, save_lumina_drafter
+
+    return save_lumina_drafter(LuminaEagleHead.from_target(make_lm(seed=2), seed=seed), d, {"steps": 0})
 
 
 def lumina_overrides(files: dict) -> list[str]:
+    """The tiny Lumina files as ``target.files.*`` and the tiny drafter as ``draft.path``."""
     vq = lumina_vq_cfg()
     return ["target.device=cpu", "target.dtype=float32", f"target.image_size={LUMINA_LATENT * vq.downsample}",
-            *[f"target.files.{k}={v}" for k, v in files.items()], f"+target.vq_config={_braced(vq.__dict__)}"]
+            *[f"target.files.{k}={v}" for k, v in files.items() if k != "drafter"],
+            *([f"draft.path={files['drafter']}"] if "drafter" in files else []),
+            f"+target.vq_config={_braced(vq.__dict__)}"]
 
 
 # ------------------------------------------------------------------------------ MAR files
@@ -285,3 +297,26 @@ def build_tiny_toy_continuous(d: Path) -> Path:
 
 def toy_continuous_overrides(assets: Path) -> list[str]:
     return [f"target.assets={assets}", "target.head.steps=4"]
+
+
+def tiny_metric_scorers(tmp_path: Path) -> dict:
+    """``evaluate_run`` keyword arguments for a real-target report on tiny files: a tiny random
+    CLIP, moment features instead of Inception, reference statistics of three random COCO-named
+    JPEGs (numbers meaningless; the reports' layout is what such tests check)."""
+    import numpy as np
+    from PIL import Image
+
+    from coolsd.metrics.clip_score import ClipScorer
+    from coolsd.metrics.reference import reference_statistics
+    from tiny_models import MomentFeatures, write_tiny_clip
+
+    coco = tmp_path / "val2017"
+    coco.mkdir()
+    r = np.random.default_rng(0)
+    for i in (1, 2, 3):
+        Image.fromarray(r.integers(0, 256, (20, 24, 3), dtype=np.uint8)).save(coco / f"{i:012d}.jpg")
+    feats = MomentFeatures()
+    (tmp_path / "clip").mkdir()
+    return {"clip": ClipScorer.from_pretrained(write_tiny_clip(tmp_path / "clip")), "inception": feats,
+            "reference": reference_statistics(sorted(coco.glob("*.jpg")), feats, tmp_path / "cache", "w"),
+            "fid_resamples": 5}

@@ -154,7 +154,8 @@ def test_run_job_checks_before_loading(tmp_path, monkeypatch, world_overrides):
     (["target=tabular", "tree.draft_length=6"], r"tree.draft_length=6 .* target tabular's 5 image tokens"),
     (["target=llamagen_xl", "target.device=cpu", "target.dtype=fp32"], r"target.dtype='fp32' is invalid: valid: float32"),
     (["target=llamagen_xl", "target.device=cpu", "tree.draft_length=257"], r"llamagen_xl's 256 image tokens"),
-    (["compile=true", "target=mar_h", "method=cspd"], r"compile=true is not implemented for target=mar_h"),
+    (["target=lumina_mgpt", "target.device=cpu", "tree.draft_length=2305"], r"lumina_mgpt's 2304 image tokens"),
+    (["compile=true", "target=mar_h", "target.device=cpu", "method=cspd"], r"compile=true is not implemented for target=mar_h"),
 ])
 def test_range_checks(overrides, message):
     with pytest.raises(ConfigError, match=message):

@@ -199,24 +199,12 @@ def test_paper_table2_on_a_real_target_runs_rows_and_metrics(files, tmp_path):
     """The real-target path of make paper-table2 on tiny LlamaGen files: every Table 2 row runs
     (the tree and rows of experiments/experiment/table2_llamagen_xl.yaml), AR pairs the
     speed-ups, metrics come from the records and PNGs, and the table compares with the paper."""
-    from coolsd.metrics.reference import reference_statistics
     from coolsd.report.real_sweep import real_table2_sweep
     from coolsd.report.table2 import build_table, write_tables
-    from tiny_models import MomentFeatures, write_tiny_clip
-    from coolsd.metrics.clip_score import ClipScorer
 
-    coco = tmp_path / "val2017"
-    coco.mkdir()
-    r = np.random.default_rng(0)
-    from PIL import Image
+    from factories import tiny_metric_scorers
 
-    for i in (1, 2, 3):
-        Image.fromarray(r.integers(0, 256, (20, 24, 3), dtype=np.uint8)).save(coco / f"{i:012d}.jpg")
-    feats = MomentFeatures()
-    (tmp_path / "clip").mkdir()
-    scorers = {"clip": ClipScorer.from_pretrained(write_tiny_clip(tmp_path / "clip")), "inception": feats,
-               "reference": reference_statistics(sorted(coco.glob("*.jpg")), feats, tmp_path / "cache", "w"),
-               "fid_resamples": 5}
+    scorers = tiny_metric_scorers(tmp_path)
     res = real_table2_sweep("llamagen_xl", 2, tmp_path / "records", scorers,
                             [*llamagen_overrides(files), f"dataset.captions={CAPTIONS_FIXTURE}"])
     table = res["table"]

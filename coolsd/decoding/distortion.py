@@ -30,7 +30,7 @@ import torch
 
 from coolsd.compiled import compiling
 from coolsd.decoding import lantern as _lantern
-from coolsd.decoding.rules import ExactRule, LanternRule, Rule, ScaledRule, acceptance_prob
+from coolsd.decoding.rules import ExactRule, GroupRule, LanternRule, Rule, ScaledRule, acceptance_prob
 from coolsd.decoding.sampling import _TINY, normalize
 
 
@@ -39,6 +39,10 @@ def emitted_distribution(rule: Rule, p: torch.Tensor, q: torch.Tensor, depth: in
     marginalised over the draft x ~ q; p, q (B, V) the target's and the drafter's distributions."""
     if isinstance(rule, LanternRule) and rule.resample != "gstar":
         return _lantern_emitted(rule, p, q)
+    if isinstance(rule, GroupRule):  # q f depends on q; the residual does not depend on x
+        accepted = rule.accepted(p, q)
+        beta = (1 - accepted.sum(-1, keepdim=True)).clamp(min=0)
+        return accepted + beta * normalize(rule.residual(p, q, accepted), p)
     if isinstance(rule, ExactRule) or (isinstance(rule, ScaledRule) and rule.weight(depth) == 1.0):
         return p  # a = p: lossless, pi = p exactly (formula (2) would leave rounding residue)
     # LANTERN (gstar): a = p~ over the vocabulary, as rule.numerator computes it but cheaper
@@ -75,7 +79,7 @@ def _aggregate_all(rule: LanternRule, p: torch.Tensor) -> tuple[torch.Tensor, to
     budget = (rule.lam - 1) * p if rule.lam is not None else torch.full_like(p, rule.delta)
     first = _FIRST_BLOCK
     c = _lantern.at_neighbours(p, nb[:, :first]).to(torch.float64).cumsum(-1)  # (N, V, first): c_1..c_first
-    count = (c.to(p.dtype) <= budget.unsqueeze(-1)).sum(-1)
+    count = _lantern.admissible_count(c.to(p.dtype), budget.unsqueeze(-1))
     relaxed = count > 0  # m* > 0
     c_star = torch.where(relaxed, c.gather(-1, (count - 1).clamp(min=0).unsqueeze(-1)).squeeze(-1), 0.0)
     # eager, large k: continue the prefixes admissible through the whole block
@@ -87,7 +91,7 @@ def _aggregate_all(rule: LanternRule, p: torch.Tensor) -> tuple[torch.Tensor, to
         stop = min(start + width, k)
         idx = (rows - rows % V).unsqueeze(1) + nb[rows % V, start:stop]  # flat index of p(n_j(x))
         cb = torch.cat([carry.unsqueeze(1), p.reshape(-1)[idx].to(torch.float64)], 1).cumsum(1)[:, 1:]
-        cnt = (cb.to(p.dtype) <= budget.reshape(-1)[rows].unsqueeze(1)).sum(1)
+        cnt = _lantern.admissible_count(cb.to(p.dtype), budget.reshape(-1)[rows].unsqueeze(1))
         hit = cnt > 0
         c_star[rows[hit]] = cb[hit].gather(1, (cnt[hit] - 1).unsqueeze(1)).squeeze(1)
         full = cnt == stop - start

@@ -9,12 +9,16 @@ Table of METHODS.md 1.3, with a_j the acceptance numerator:
   scaled (uniform_rsd,   a_j = omega_d * p_res           residual G* = [p_res - min(q_j, a_j)]_+
           coolsd)
   lantern(_pp)           a_j = p~ (neighbourhood sum)    residual LANTERN's own or G*
+  group (gsd)            q f = q min(1, p(G)/q(G))       residual [p_res - q_j]_+ (GSD's) or G*
 """
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 
 from coolsd.decoding import lantern as _lantern
+from coolsd.decoding.groups import group_masses
 
 
 def acceptance_prob(a_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
@@ -103,3 +107,33 @@ class LanternRule(Rule):
         zero = torch.zeros_like(q, dtype=torch.bool).scatter_(-1, self.nb_k1[x], True)
         q_mod = torch.where(zero & relaxed.unsqueeze(-1), torch.zeros_like(q), q)
         return f, torch.clamp(p_res - q_mod, min=0.0)
+
+
+class GroupRule(Rule):
+    """GSD (``coolsd.decoding.groups``): a draft x is accepted with probability
+    min(1, p(G_x) / q(G_x)), its group's masses. The accepted mass at y is then
+    q(y) f(y) = min(q(y), a(y)) with a = q p(G) / q(G), which depends on q: ``accepted`` gives it
+    at every token. Resampling after a rejection: ``resample="sjd"`` GSD's own, SJD's
+    [p_res - q]_+; ``"gstar"`` COOL-SD's G* = [p_res - min(q, a)]_+ (Theorem 2), so the two
+    relaxation families can be compared at equal resampling. Both residuals do not depend on the
+    rejected x (the exact distortion is then a closed form, docs/distortion.md)."""
+
+    name = "group"
+
+    def __init__(self, size: int, p_thr: Optional[float], resample: str = "sjd"):
+        self.size, self.p_thr, self.resample = int(size), p_thr, resample
+
+    def accepted(self, p_res: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """q(y) f(y) at every token (..., V)."""
+        pg, qg = group_masses(p_res, q, self.size, self.p_thr)
+        return torch.where(qg > 0, q.to(p_res.dtype) * torch.clamp(pg / torch.where(qg > 0, qg, 1.0), max=1.0), 0.0)
+
+    def residual(self, p_res: torch.Tensor, q: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
+        return torch.clamp(p_res - (accepted if self.resample == "gstar" else q.to(p_res.dtype)), min=0.0)
+
+    def step(self, p_res, q, x, depth):
+        acc = self.accepted(p_res, q)
+        return acceptance_prob(take(acc, x), take(q, x)), self.residual(p_res, q, acc)  # f(x) = q f / q
+
+    def describe(self):
+        return {"rule": self.name, "size": self.size, "p_thr": self.p_thr, "resample": self.resample}

@@ -6,6 +6,13 @@ from coolsd.drafters.eagle import (
     EagleHead,
     head_logits,
 )
+from coolsd.drafters.eagle_lumina import (
+    LUMINA_MGPT_DRAFTER,
+    LuminaEagleConfig,
+    LuminaEagleDrafter,
+    LuminaEagleHead,
+    load_lumina_eagle_head,
+)
 from coolsd.drafters.training import (
     EagleBatch,
     TrainLog,
@@ -19,5 +26,6 @@ from coolsd.drafters.training import (
 __all__ = [
     "LLAMAGEN_T2I_DRAFTER", "EagleConfig", "EagleDrafter", "EagleHead", "head_logits",
     "EagleBatch", "TrainLog", "eagle_loss", "evaluate_eagle", "llamagen_batch", "llamagen_features",
-    "train_eagle",
+    "train_eagle", "LUMINA_MGPT_DRAFTER", "LuminaEagleConfig", "LuminaEagleDrafter", "LuminaEagleHead",
+    "load_lumina_eagle_head",
 ]

@@ -29,6 +29,7 @@ logits predict x_{j+1}.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping, Optional
 
@@ -456,29 +457,52 @@ DRAFTER_SOURCE = ("https://huggingface.co/jadohu/llamagen_drafter (config.json +
                   "jadohu/llamagen2_drafter for 512 px), or train one: python -m coolsd.drafters.train")
 
 
-def load_eagle_head(folder, target) -> EagleHead:
+def check_variant(meta: Mapping[str, Any], running: Optional[str], where) -> None:
+    """Warn when a drafter folder records the target variant its training features came from
+    (``target_variant``, written by ``python -m coolsd.drafters.train``) and it differs from the
+    running target's; a folder without the record (a released one) is not a warning."""
+    recorded = meta.get("target_variant")
+    if recorded is not None and running is not None and str(recorded) != str(running):
+        warnings.warn(f"drafter {where} was trained on features of target variant {recorded!r}, the running target "
+                      f"is variant {running!r}: its acceptance will differ from what it was trained for",
+                      stacklevel=3)
+
+
+def read_drafter_folder(folder, kind: str, what: str, source: str, parse):
+    """(folder, weights file, raw config.json, ``parse(raw)``) of a LANTERN-layout drafter folder
+    (``config.json`` + ``model.safetensors`` or ``pytorch_model.bin``); a missing folder or file, or
+    a config ``parse`` refuses, is one ``coolsd.errors.InputFileError`` naming the file."""
+    from coolsd.loading import MissingInputFile, read_json, reading, require_file
+
+    d = require_file(folder, kind, source, folder=True)
+    weights = next((d / n for n in ("model.safetensors", "pytorch_model.bin") if (d / n).is_file()), None)
+    if not (d / "config.json").is_file() or weights is None:
+        raise MissingInputFile(f"drafter folder {d} needs config.json and pytorch_model.bin (or model.safetensors); "
+                               f"get {source}")
+    raw = read_json(d / "config.json", what, source)
+    with reading(d / "config.json", what, source):
+        return d, weights, raw, parse(raw)
+
+
+def load_eagle_head(folder, target, variant: Optional[str] = None) -> EagleHead:
     """LANTERN's drafter folder (``config.json`` + ``pytorch_model.bin`` or ``model.safetensors``),
     strictly loaded, for the ``LlamaGenGPT`` ``target``; its embedding must equal the target's
     shape (a drafter of another target is an error). Every failure (no folder, an empty or
     invalid config.json, keys LANTERN's config lacks, weights of another model) is one
-    ``coolsd.errors.InputFileError`` naming the file."""
-    from coolsd.loading import (BadInputFile, MissingInputFile, check_state_dict, read_json, read_torch_checkpoint,
-                                reading, require_file)
+    ``coolsd.errors.InputFileError`` naming the file. ``variant`` (default: the target config's
+    ``variant``, ``upstream`` | ``lantern``): a folder whose ``target_variant`` record differs is
+    a warning naming both (``check_variant``); a released folder has no record."""
+    from coolsd.loading import BadInputFile, check_state_dict, read_torch_checkpoint
 
-    d = require_file(folder, "EAGLE drafter folder", DRAFTER_SOURCE, folder=True)
-    weights = next((d / n for n in ("model.safetensors", "pytorch_model.bin") if (d / n).is_file()), None)
-    if not (d / "config.json").is_file() or weights is None:
-        raise MissingInputFile(f"drafter folder {d} needs config.json and pytorch_model.bin (or model.safetensors); "
-                               f"download {DRAFTER_SOURCE}")
     what = "a LANTERN drafter config.json (hidden_size, num_attention_heads, intermediate_size, vocab_size, ...)"
-    raw = read_json(d / "config.json", what, DRAFTER_SOURCE)
-    with reading(d / "config.json", what, DRAFTER_SOURCE):
-        cfg = EagleConfig.from_lantern(raw)
+    d, weights, raw, cfg = read_drafter_folder(folder, "EAGLE drafter folder", what, DRAFTER_SOURCE,
+                                               EagleConfig.from_lantern)
     t = target.config
     if (cfg.hidden_size, cfg.vocab_size, cfg.block_size) != (t.dim, t.vocab_size, t.block_size):
         raise BadInputFile(f"drafter {d} is for hidden {cfg.hidden_size}, vocab {cfg.vocab_size}, {cfg.block_size} "
                            f"tokens; the target has {t.dim}, {t.vocab_size}, {t.block_size} (a drafter of another "
                            f"target; download {DRAFTER_SOURCE})")
+    check_variant(raw, variant if variant is not None else getattr(t, "variant", None), d)
     state = EagleHead.lantern_state(read_torch_checkpoint(weights, "EAGLE drafter weights", DRAFTER_SOURCE))
     head = EagleHead(cfg)
     check_state_dict(head, state, weights, DRAFTER_SOURCE)

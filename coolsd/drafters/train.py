@@ -4,6 +4,13 @@ recipe, ``coolsd.drafters.training``), and save it as a LANTERN-style folder tha
 
     python -m coolsd.drafters.train target=llamagen_xl train.captions=captions_train2017.json \
         train.samples=20000 train.steps=20000 train.out=drafters/llamagen_xl
+    python -m coolsd.drafters.train target=lumina_mgpt train.captions=captions_train2017.json \
+        train.samples=2000 train.steps=20000 train.batch_size=4 train.out=drafters/lumina_mgpt
+
+Lumina-mGPT (``coolsd.drafters.training_lumina``): LANTERN's Chameleon-layer head, trained on
+teacher-forced features of the target's own samples (both CFG halves, text prefix included),
+computed per batch. The folder records ``target_variant`` (``target.variant``, ``upstream``
+when the target has none): loading it under another variant warns, naming both.
 
 Data: for each training caption the target samples an image (CFG and warpers of the target's
 protocol, per-caption seeds) and a teacher-forced pass gives its features (both CFG halves);
@@ -40,17 +47,27 @@ def main(argv=None) -> Path:
     name = cfg.target.name
     world_cls = world_class(name)
     if not world_cls.trains_drafters:
-        raise SystemExit(f"drafter training supports LlamaGen-class targets (toy, llamagen_*), not {name!r}")
+        raise SystemExit(f"drafter training supports toy, llamagen_* and lumina_mgpt targets, not {name!r}")
     n, h = int(opts["samples"]), int(opts["heldout"])
     captions = world_cls.training_captions(n + h, int(opts["seed"]), opts["captions"])  # before loading the target
     if len(captions) < n + h:
         raise SystemExit(f"{len(captions)} training captions < train.samples + train.heldout = {n + h}")
     world = load_world(cfg)
     out = Path(opts["out"] or f"outputs/drafters/{name}/{time.strftime('%Y-%m-%d_%H-%M-%S')}")
-    head, metrics = train_on_target(world.target, world.gpt, world.encode, captions[:n], captions[n:n + h],
-                                    int(opts["steps"]), batch_size=int(opts["batch_size"]), lr=float(opts["lr"]),
-                                    seed=int(opts["seed"]), chunk=int(opts["chunk"]), tag=f"{name} drafter")
-    save_drafter(head, out, {**metrics, "options": opts, "target": name})
+    variant = str(cfg.target.get("variant", "upstream"))  # whose features the drafter learns
+    kw = dict(batch_size=int(opts["batch_size"]), lr=float(opts["lr"]), seed=int(opts["seed"]), chunk=int(opts["chunk"]),
+              tag=f"{name} drafter")
+    if name == "lumina_mgpt":
+        from coolsd.drafters.eagle_lumina import save_lumina_drafter
+        from coolsd.drafters.training_lumina import train_lumina_on_target
+
+        head, metrics = train_lumina_on_target(world.target, world.encode, captions[:n], captions[n:n + h],
+                                               int(opts["steps"]), **kw)
+        save_lumina_drafter(head, out, {**metrics, "options": opts, "target": name}, target_variant=variant)
+    else:
+        head, metrics = train_on_target(world.target, world.gpt, world.encode, captions[:n], captions[n:n + h],
+                                        int(opts["steps"]), **kw)
+        save_drafter(head, out, {**metrics, "options": opts, "target": name}, target_variant=variant)
     use = f"target={name} draft.path={out}" if name != "toy" else f"draft=llamagen_xl draft.path={out}"
     print(f"wrote {out} (use it: python run.py {use})")
     return out

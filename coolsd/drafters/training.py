@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from coolsd.decoding.sampling import cfg_combine
 from coolsd.drafters.eagle import EagleHead, head_logits
 from coolsd.models.kv_cache import KVCache
-from coolsd.models.llamagen import rope_2d
+from coolsd.models.llamagen import rope_2d, text_slot_mask
 
 
 # ---------------------------------------------------------------------------------------- data
@@ -151,15 +151,18 @@ def evaluate_eagle(
     *,
     p_w: float = 0.1,
     cfg_scale: Optional[float] = None,
+    loss_fn: Optional[Callable] = None,
 ) -> dict:
     """Held-out metrics, weighted by entries: loss, vloss, ploss, top1 (drafter argmax == target
-    argmax at the next position), top3, and top1_cfg where available. No noise."""
+    argmax at the next position), top3, and top1_cfg where available. No noise. ``loss_fn``:
+    ``eagle_loss`` (default) or ``lumina_loss``."""
+    loss_fn = loss_fn or eagle_loss
     was_training = head.training
     head.eval()
     totals: dict[str, float] = {}
     n = 0
     for batch in batches:
-        _, s = eagle_loss(head, lm_head_weight, batch, p_w=p_w, cfg_scale=cfg_scale)
+        _, s = loss_fn(head, lm_head_weight, batch, p_w=p_w, cfg_scale=cfg_scale)
         k = s.pop("n")
         for key, v in s.items():
             totals[key] = totals.get(key, 0.0) + v * k
@@ -215,10 +218,13 @@ def train_eagle(
     eval_every: int = 0,
     cfg_scale: Optional[float] = None,
     on_step: Optional[Callable[[int, dict], Any]] = None,
+    loss_fn: Optional[Callable] = None,
 ) -> TrainLog:
     """Train ``head`` in place for ``steps`` optimizer steps. ``batches``: a sequence (cycled in
     order) or ``step -> EagleBatch``. Deterministic given ``seed`` (noise generator), the head's
-    initial weights and the batches. ``lm_head_weight`` stays frozen."""
+    initial weights and the batches. ``lm_head_weight`` stays frozen. ``loss_fn``: ``eagle_loss``
+    (LlamaGen's ``EagleBatch``, default) or ``lumina_loss`` (a ``SeqBatch``)."""
+    loss_fn = loss_fn or eagle_loss
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     get = batches if callable(batches) else (lambda s: batches[s % len(batches)])
@@ -233,7 +239,7 @@ def train_eagle(
     for step in range(steps):
         batch = get(step)
         opt.zero_grad(set_to_none=True)
-        loss, stats = eagle_loss(
+        loss, stats = loss_fn(
             head, W, batch, p_w=p_w, noise_std=noise_std, noise_len=noise_len, generator=gen, cfg_scale=cfg_scale
         )
         if not math.isfinite(stats["loss"]):
@@ -247,7 +253,8 @@ def train_eagle(
         for k in ("loss", "vloss", "ploss", "top1"):
             getattr(log, k).append(stats[k])
         if eval_batches is not None and eval_every and ((step + 1) % eval_every == 0 or step + 1 == steps):
-            log.evals.append((step + 1, evaluate_eagle(head, W, eval_batches, p_w=p_w, cfg_scale=cfg_scale)))
+            log.evals.append((step + 1, evaluate_eagle(head, W, eval_batches, p_w=p_w, cfg_scale=cfg_scale,
+                                                       loss_fn=loss_fn)))
             head.train()
         if on_step is not None:
             on_step(step, stats)
@@ -311,9 +318,9 @@ def llamagen_features(
     cos_i, sin_i = rope_2d(torch.arange(N, device=dev).expand(n, N), cfg, cd)
     zeros = torch.zeros(n, T, cfg.head_dim // 2, dtype=cd, device=dev)
     cos, sin = torch.cat([zeros, cos_i], 1), torch.cat([zeros, sin_i], 1)
-    attend = torch.ones(L, L, dtype=torch.bool, device=dev).tril().expand(n, L, L).clone()
-    attend[:, :, :T] &= mask.unsqueeze(1)
-    attend |= torch.eye(L, dtype=torch.bool, device=dev)
+    # the target's own text-slot mask for its variant (models.llamagen.text_slot_mask), so trained
+    # features are those the target hands over at decoding
+    attend = text_slot_mask(torch.cat([mask, torch.ones(n, N, dtype=torch.bool, device=dev)], 1), cfg.variant)
     cache = KVCache(cfg.n_layer, n, cfg.n_head, cfg.head_dim, L, dt, dev)
     hidden = model.run(h, cos, sin, cache, attend)
     feats = torch.cat([hidden[:, T - 1 : T], hidden[:, T:]], dim=1)
@@ -397,16 +404,18 @@ def train_on_target(target, gpt, encode: Callable, train_items, heldout_items, s
                   "data_seconds": data_s, "train_seconds": time.perf_counter() - t1}
 
 
-def save_drafter(head: EagleHead, out: Path, metrics: dict) -> Path:
+def save_drafter(head: EagleHead, out: Path, metrics: dict, target_variant: str = "upstream") -> Path:
     """``config.json`` (LANTERN fields + ``block_size`` + ``text_prefix: false``: trained without
-    the text-slot prefix) and ``model.safetensors``."""
+    the text-slot prefix, + ``target_variant``: the target variant whose features it was trained
+    on, checked at load time by ``coolsd.drafters.eagle.check_variant``) and ``model.safetensors``."""
     from safetensors.torch import save_file
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     save_file({k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}, str(out / "model.safetensors"))
-    (out / "config.json").write_text(json.dumps({**head.config.to_lantern_json(), "text_prefix": False}, indent=1))
-    (out / "train_metrics.json").write_text(json.dumps(metrics, indent=1))
+    (out / "config.json").write_text(json.dumps({**head.config.to_lantern_json(), "text_prefix": False,
+                                                 "target_variant": target_variant}, indent=1))
+    (out / "train_metrics.json").write_text(json.dumps({**metrics, "target_variant": target_variant}, indent=1))
     return out
 
 

@@ -1,12 +1,31 @@
 """Speculative Jacobi Decoding (METHODS.md 4): a window of W-1 drafts verified as a chain with
-the lossless rule; drafts come from the target's previous iteration (``JacobiDrafter``)."""
+the lossless rule; drafts come from the target's previous iteration (``JacobiDrafter``).
+
+``mc_sjd`` (MC-SJD / SCD, arXiv 2510.24211, junhyukso/SCD): the same, with each position's next
+draft coupled to its previous one (``coupling=maximal``: keep the old draft x with probability
+min(1, p_new(x) / p_old(x)), else draw from Norm([p_new - p_old]_+); ``coupling=gumbel``: one
+Gumbel noise vector per position, shared by all its draws). Lossless like SJD (the coupled draft
+is still distributed as the p it reports; ``JacobiDrafter``), but consecutive drafts agree more
+often, so more of them survive verification."""
 from coolsd.decoding.rules import ExactRule
 from coolsd.decoding.trees import make_tree
 from coolsd.methods.registry import register_method, require
 
+INITS = ("random", "repeat_horizon", "sample_horizon", "vertical_repeat")  # coolsd.drafting.JacobiDrafter
+
+
+def _jacobi(name, window, init):
+    require(isinstance(window, int) and window >= 2, f"{name} window must be an integer >= 2, got {window!r}")
+    require(init in INITS, f"unknown {name} init {init!r}; valid: {', '.join(INITS)}")
+    return ExactRule(), "jacobi", make_tree("chain", window - 1)
+
 
 @register_method("sjd")
 def sjd(ctx, window=16, init="random", active_start=None, active_end=None):
-    require(isinstance(window, int) and window >= 2, f"sjd window must be an integer >= 2, got {window!r}")
-    require(init == "random", f"unknown sjd init {init!r}; valid: random")
-    return ExactRule(), "jacobi", make_tree("chain", window - 1)
+    return _jacobi("sjd", window, init)
+
+
+@register_method("mc_sjd")
+def mc_sjd(ctx, window=16, coupling="maximal", init="random", active_start=None, active_end=None):
+    require(coupling in ("maximal", "gumbel"), f"unknown mc_sjd coupling {coupling!r}; valid: maximal, gumbel")
+    return _jacobi("mc_sjd", window, init)

@@ -29,6 +29,15 @@ Differences from LANTERN's numbers that remain: LANTERN runs OpenAI's fp16 weigh
 its embeddings, cosines and mean are fp16, quantised to ~2.4e-4); we run the fp32 HF weights.
 HF's ``CLIPTokenizer`` has no ftfy / html.unescape step (irrelevant for plain-ASCII COCO
 captions). Compare with LANTERN at about 3 decimals.
+
+Why ours and not a library's: no maintained library computes this protocol. torchmetrics'
+``CLIPScore`` (the other protocol, ``coolsd.metrics.clip_torchmetrics``) agrees with our cosine
+x100 to ~1e-5 where the steps coincide (no prefix, no round trip, square images; shown in
+tests/test_eval_protocols.py), but it has no prefix splice, crops with HF's floor offsets, feeds
+an attention mask and cuts long captions without re-inserting EOT, reports ``max(100 mean, 0)``,
+and ships no LANTERN round trip; OpenAI's ``clip`` package (``clip-anytorch``) would need its
+own JIT / pickle checkpoint and setuptools<70. The scorer here is therefore the LANTERN
+protocol's only implementation, with the HF weights.
 """
 from __future__ import annotations
 
@@ -227,6 +236,8 @@ class ClipScorer:
     and text rows are always padded to 77, so results do not depend on ``batch_size`` beyond
     float kernel rounding (~1e-7).
     """
+
+    protocol = "lantern"  # coolsd.metrics.protocols: the number this scorer's scores make
 
     def __init__(self, model, tokenizer, *, device: str | torch.device = "cpu", batch_size: int = 64,
                  lantern_roundtrip: bool = True, prefix: str | None = CLIP_PREFIX,

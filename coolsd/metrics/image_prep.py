@@ -15,12 +15,29 @@ Per image:
 
 All functions are pure and deterministic (PIL resampling is exact integer/float arithmetic
 with no threading-dependent order), one image at a time, so features never depend on batching.
+
+``pytorch_fid_preprocess`` is the other protocol (``--protocol sjd``, the SJD family's
+``pytorch_fid.calculate_fid_given_paths``): no crop, no LANCZOS step, the whole image squashed
+to 299x299 by torch's bilinear ``interpolate`` (``align_corners=False``, no antialiasing, so a
+768-pixel image is aliased on the way down), values in [0, 1]; the network then maps them with
+``2x - 1`` (= v / 127.5 - 1, not clean-fid's (v - 128) / 128). See ``coolsd.metrics.protocols``.
+
+Why ours and not the libraries' code: ``cleanfid.resize.make_resizer("PIL", False, "bicubic",
+(299, 299))`` (clean-fid 0.1.35) computes ``clean_resize_299`` bit for bit (tests/test_eval_protocols.py,
+run where clean-fid is installed), and ``cleanfid.resize`` itself imports without torchvision;
+but the clean-fid distribution requires torchvision, which pip would install beside our pinned
+torch 2.13 CPU where PyPI's torchvision does not import, so clean-fid cannot be a dependency of
+the base install (only a ``pip install --no-deps clean-fid`` that the Makefile does not do).
+pytorch-fid's resize lives in ``pytorch_fid.inception``, which imports torchvision at module
+import; ``pytorch_fid_preprocess`` is one torch call (``F.interpolate``), the same operation.
 """
 from __future__ import annotations
 
 import os
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 from PIL import Image
 
 INCEPTION_SIZE = 299
@@ -95,3 +112,17 @@ def fid_preprocess(img: np.ndarray) -> np.ndarray:
     ``lantern_transform`` (centre crop, LANCZOS 256), then ``clean_resize_299``, channels first
     (clean-fid's ``ToTensor`` on a float32 array only transposes; it does not divide by 255)."""
     return np.ascontiguousarray(clean_resize_299(lantern_transform(img)).transpose(2, 0, 1))
+
+
+def pytorch_fid_preprocess(img: np.ndarray) -> np.ndarray:
+    """pytorch-fid's image chain (``pytorch_fid.fid_score.ImagePathDataset`` + ``InceptionV3.forward``
+    with ``resize_input=True``): uint8 (H, W, 3) -> float32 (3, 299, 299) in [0, 1]:
+    ``ToTensor`` (v / 255, channels first), then ``F.interpolate(size=(299, 299), mode="bilinear",
+    align_corners=False)`` on the one image (the SJD evaluation runs it at batch size 1, so any
+    image size works). The normalisation ``2x - 1`` is the network's (``INPUT_NORMS``)."""
+    img = _check_hwc3(img, "pytorch_fid_preprocess")
+    if img.dtype != np.uint8:
+        raise ValueError(f"pytorch_fid_preprocess expects uint8 pixels, got {img.dtype}")
+    x = torch.from_numpy(np.array(img)).permute(2, 0, 1).float().div(255.0)[None]  # a copy: may be read-only
+    x = F.interpolate(x, size=(INCEPTION_SIZE, INCEPTION_SIZE), mode="bilinear", align_corners=False)
+    return np.ascontiguousarray(x[0].numpy())

@@ -24,6 +24,31 @@ LANCZOS 256, then clean-fid's per-channel PIL float bicubic resize to 299; METHO
     fid = fid_from_features(feats_generated, feats_reference)
 
 Weights are never downloaded: the user supplies the file (see ``WEIGHTS_URL``).
+
+Two FID protocols share this network (``FID_PROTOCOLS``; ``python -m coolsd.evaluate --protocol``):
+
+* ``lantern`` (LANTERN / COOL-SD, clean-fid ``mode="clean"``): LANTERN's centre crop + LANCZOS
+  256, clean-fid's per-channel PIL float bicubic 299 (antialiased), ``(v - 128) / 128``, the TF
+  2015-12-05 weights (clean-fid ships them as the TorchScript ``inception-2015-12-05.pt``; we
+  load torch-fidelity's port of the same graph, ``WEIGHTS_NAME``).
+* ``sjd`` (SJD / MC-SJD / GSD, ``pytorch_fid.calculate_fid_given_paths``): no crop, torch bilinear
+  299 without antialiasing (``image_prep.pytorch_fid_preprocess``), ``2 (v / 255) - 1``, and
+  pytorch-fid's weight file ``PT_WEIGHTS_NAME`` (same module tree and key names, torchvision's
+  Inception3 with the FID blocks; its name carries the same ``6726825d`` hash prefix as
+  torch-fidelity's file, so it is most likely the same tensors; not checked here, no download).
+  torch-fidelity's own path (uint8 input, a TF1-style bilinear resize) is a third variant, not
+  implemented: none of the papers compared here used it.
+
+Why ours and not a library's network (torch 2.13 CPU, where PyPI's torchvision does not import):
+``pytorch_fid.inception`` builds on ``torchvision.models.inception_v3`` and imports torchvision
+at module import; ``import torch_fidelity`` runs its ``__init__``, which imports
+``feature_extractor_clip`` and so torchvision (0.4.0), and with torch-fidelity installed
+torchmetrics' ``image.fid`` (and with it ``multimodal.clip_score``) stops importing too;
+clean-fid's network is TorchScript (``cleanfid.inception_torchscript``, torchvision-free) but
+clean-fid requires torchvision as a distribution and ``torch.jit.load`` runs code from the file
+(not a weights-only load); its ``InceptionV3W`` on a TorchScript of our random network gives our
+features bit for bit (tests/test_eval_protocols.py, where clean-fid is installed with --no-deps). The Fréchet distance itself is ``coolsd.metrics.fid`` (pytorch-fid's
+formula; torchmetrics' ``FrechetInceptionDistance`` agrees with it, tests/test_eval_protocols.py).
 """
 from __future__ import annotations
 
@@ -38,11 +63,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from coolsd.metrics import FeatureExtractor
-from coolsd.metrics.image_prep import INCEPTION_SIZE, fid_preprocess
+from coolsd.metrics.image_prep import INCEPTION_SIZE, fid_preprocess, pytorch_fid_preprocess
 from coolsd.records import sha256_file
 
 WEIGHTS_NAME = "weights-inception-2015-12-05-6726825d.pth"
 WEIGHTS_URL = "https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/" + WEIGHTS_NAME
+PT_WEIGHTS_NAME = "pt_inception-2015-12-05-6726825d.pth"  # pytorch-fid's FID_WEIGHTS_URL
+PT_WEIGHTS_URL = "https://github.com/mseitzer/pytorch-fid/releases/download/fid_weights/" + PT_WEIGHTS_NAME
 FEATURE_DIM = 2048
 BN_EPS = 1e-3
 _HASH_IN_NAME = re.compile(r"-([0-9a-f]{8,64})\.[A-Za-z0-9]+$")  # torch.hub convention: "<name>-<sha256 prefix>.<ext>"
@@ -254,7 +281,13 @@ class InceptionV3(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """float (N, 3, 299, 299) in [0, 255] -> (N, 2048) float32 pool3 features."""
         self._check_input(x)
-        h = self.normalize(x.float())
+        return self.features(self.normalize(x.float()))
+
+    def features(self, h: torch.Tensor) -> torch.Tensor:
+        """(N, 2048) float32 pool3 features of an input already normalised to about [-1, 1]
+        (``INPUT_NORMS``: clean-fid's ``(v - 128) / 128`` or pytorch-fid's ``2x - 1``)."""
+        self._check_input(h)
+        h = h.float()
         for name in self.STAGES:
             h = getattr(self, name)(h)
         return self._pool3(h)
@@ -265,10 +298,10 @@ class InceptionV3(nn.Module):
 
 
 # ---- weights --------------------------------------------------------------------------------------
-def default_inception_path() -> Path:
-    """``$TORCH_HOME/hub/checkpoints/weights-inception-2015-12-05-6726825d.pth`` (where
-    torch-fidelity / torchmetrics cache it; ``TORCH_HOME`` defaults to ~/.cache/torch)."""
-    return Path(torch.hub.get_dir()) / "checkpoints" / WEIGHTS_NAME
+def default_inception_path(weights_name: str = WEIGHTS_NAME) -> Path:
+    """``$TORCH_HOME/hub/checkpoints/<weights_name>`` (where torch-fidelity / torchmetrics, and for
+    ``PT_WEIGHTS_NAME`` pytorch-fid, cache it; ``TORCH_HOME`` defaults to ~/.cache/torch)."""
+    return Path(torch.hub.get_dir()) / "checkpoints" / weights_name
 
 
 def expected_state_shapes() -> dict[str, tuple[int, ...]]:
@@ -284,8 +317,10 @@ def _summarise(keys, limit: int = 8) -> str:
 
 
 def load_inception(path: str | os.PathLike | None = None, device: str | torch.device = "cpu",
-                   check_hash: bool = True) -> InceptionV3:
-    """Strictly load torch-fidelity's Inception weights (``WEIGHTS_NAME``) into ``InceptionV3``.
+                   check_hash: bool = True, weights_name: str = WEIGHTS_NAME,
+                   weights_url: str = WEIGHTS_URL) -> InceptionV3:
+    """Strictly load torch-fidelity's Inception weights (``WEIGHTS_NAME``; or pytorch-fid's
+    ``PT_WEIGHTS_NAME`` with ``weights_name`` / ``weights_url``, same keys) into ``InceptionV3``.
 
     ``path`` defaults to ``default_inception_path()``; nothing is downloaded. Checks, in order:
     the file exists (FileNotFoundError naming it, the expected file name and ``WEIGHTS_URL``);
@@ -298,15 +333,15 @@ def load_inception(path: str | os.PathLike | None = None, device: str | torch.de
     """
     from coolsd.loading import BadInputFile, MissingInputFile, torch_load
 
-    path = os.fspath(default_inception_path() if path is None else path)
+    path = os.fspath(default_inception_path(weights_name) if path is None else path)
     if not os.path.isfile(path):
-        raise MissingInputFile(f"Inception weights not found: {path}. FID needs torch-fidelity's "
-                               f"{WEIGHTS_NAME} (download it from {WEIGHTS_URL} and pass its path, "
-                               f"or place it at {default_inception_path()}).")
-    state = torch_load(path, f"the FID Inception-v3 weights {WEIGHTS_NAME}", WEIGHTS_URL)
+        raise MissingInputFile(f"Inception weights not found: {path}. FID needs {weights_name} "
+                               f"(download it from {weights_url} and pass its path, "
+                               f"or place it at {default_inception_path(weights_name)}).")
+    state = torch_load(path, f"the FID Inception-v3 weights {weights_name}", weights_url)
     if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
         raise BadInputFile(f"{path} does not hold a state dict (dict of str -> Tensor) but a {type(state).__name__}; "
-                         f"expected {WEIGHTS_NAME} from {WEIGHTS_URL}")
+                         f"expected {weights_name} from {weights_url}")
     expected = expected_state_shapes()
     given = {k: v for k, v in state.items() if not k.endswith("num_batches_tracked")}
     missing = expected.keys() - given.keys()
@@ -325,15 +360,15 @@ def load_inception(path: str | os.PathLike | None = None, device: str | torch.de
             parts.append("mismatched: " + ", ".join(
                 f"{k} {tuple(given[k].shape)} {given[k].dtype} (expected {mismatched[k][1]} float)" for k in bad)
                 + (f", ... ({len(mismatched)} in all)" if len(mismatched) > 8 else ""))
-        raise BadInputFile(f"{path} is not the FID Inception-v3 weight file {WEIGHTS_NAME} ({'; '.join(parts)}); "
-                         f"download it from {WEIGHTS_URL}")
+        raise BadInputFile(f"{path} is not the FID Inception-v3 weight file {weights_name} ({'; '.join(parts)}); "
+                         f"download it from {weights_url}")
     if check_hash:
         m = _HASH_IN_NAME.search(os.path.basename(path))
         if m is not None:
             digest = sha256_file(path)
             if not digest.startswith(m.group(1)):
                 raise BadInputFile(f"{path}: SHA-256 {digest[:16]}... does not start with {m.group(1)} as its file name "
-                                 f"says (corrupted or modified file?); re-download it from {WEIGHTS_URL}")
+                                 f"says (corrupted or modified file?); re-download it from {weights_url}")
     state = dict(state)  # a plain dict: no _metadata, so no version-dependent BatchNorm handling
     for k in expected:
         if k.endswith(".bn.running_var"):
@@ -366,6 +401,21 @@ def _as_uint8_hwc(img) -> np.ndarray:
     return img
 
 
+# the network's input normalisation per protocol (the preprocessing's output range -> about [-1, 1])
+INPUT_NORMS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "clean_fid": InceptionV3.normalize,  # [0, 255] -> (v - 128) / 128 (clean-fid, torch-fidelity)
+    "pytorch_fid": lambda x: 2 * x - 1,  # [0, 1] -> 2x - 1 (pytorch_fid.inception.InceptionV3, normalize_input)
+}
+
+# protocol -> how its FID features are made (see the module docstring)
+FID_PROTOCOLS = {
+    "lantern": {"preprocess": fid_preprocess, "input_norm": "clean_fid", "weights_name": WEIGHTS_NAME,
+                "weights_url": WEIGHTS_URL, "protocol": "lantern_crop_lanczos256+clean_fid_bicubic299"},
+    "sjd": {"preprocess": pytorch_fid_preprocess, "input_norm": "pytorch_fid", "weights_name": PT_WEIGHTS_NAME,
+            "weights_url": PT_WEIGHTS_URL, "protocol": "pytorch_fid_bilinear299"},
+}
+
+
 class InceptionFeatureExtractor(FeatureExtractor):
     """Inception-v3 pool3 features under the clean-fid protocol: (n, 2048) float64 (float32 values).
 
@@ -383,28 +433,40 @@ class InceptionFeatureExtractor(FeatureExtractor):
     block = 32
 
     def __init__(self, model: InceptionV3, batch_size: int = 64, device: str | torch.device | None = None,
-                 block: int | None = None, preprocess: Callable[[np.ndarray], np.ndarray] = fid_preprocess):
+                 block: int | None = None, preprocess: Callable[[np.ndarray], np.ndarray] = fid_preprocess,
+                 input_norm: str = "clean_fid"):
         device = next(model.parameters()).device if device is None else device
         super().__init__(batch_size, device)
         if block is not None:
             if block < 1:
                 raise ValueError(f"block must be >= 1, got {block}")
             self.block = int(block)
+        if input_norm not in INPUT_NORMS:
+            raise ValueError(f"input_norm must be one of {sorted(INPUT_NORMS)}, got {input_norm!r}")
         self.model = model.to(self.device).eval()
         self.preprocess = preprocess
-        self.protocol = "lantern_crop_lanczos256+clean_fid_bicubic299" if preprocess is fid_preprocess \
-            else getattr(preprocess, "__name__", repr(preprocess))
+        self.input_norm = input_norm
+        known = {(v["preprocess"], v["input_norm"]): v["protocol"] for v in FID_PROTOCOLS.values()}
+        self.protocol = known.get((preprocess, input_norm),
+                                  f"{getattr(preprocess, '__name__', repr(preprocess))}+{input_norm}")
 
     @classmethod
     def from_file(cls, path: str | os.PathLike | None = None, batch_size: int = 64,
-                  device: str | torch.device = "cpu", **kw) -> "InceptionFeatureExtractor":
-        return cls(load_inception(path, device), batch_size, device, **kw)
+                  device: str | torch.device = "cpu", fid_protocol: str = "lantern", **kw) -> "InceptionFeatureExtractor":
+        """The extractor of ``FID_PROTOCOLS[fid_protocol]`` (its preprocessing, normalisation and
+        weight file name in errors) with the weights at ``path``."""
+        p = FID_PROTOCOLS[fid_protocol]
+        model = load_inception(path, device, weights_name=p["weights_name"], weights_url=p["weights_url"])
+        return cls(model, batch_size, device, preprocess=p["preprocess"], input_norm=p["input_norm"], **kw)
 
-    def _forward(self, x: torch.Tensor) -> torch.Tensor:  # float (block, 3, 299, 299) in [0, 255]
-        return self.model(x)
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:  # float (block, 3, 299, 299), the preprocessing's range
+        if self.input_norm == "clean_fid":
+            return self.model(x)  # [0, 255], normalised inside forward
+        return self.model.features(INPUT_NORMS[self.input_norm](x))
 
     def prepare(self, images) -> torch.Tensor:
-        """float32 (n, 3, 299, 299) in [0, 255]: ``preprocess`` applied to each image."""
+        """float32 (n, 3, 299, 299) (in [0, 255] for clean-fid, [0, 1] for pytorch-fid): ``preprocess``
+        applied to each image."""
         images = _as_image_list(images)
         out = np.empty((len(images), 3, INCEPTION_SIZE, INCEPTION_SIZE), np.float32)
         for i in range(len(images)):
@@ -412,7 +474,7 @@ class InceptionFeatureExtractor(FeatureExtractor):
         return torch.from_numpy(out)
 
     def features_of_prepared(self, x: torch.Tensor) -> np.ndarray:
-        """(n, 2048) float64 features of already prepared float (n, 3, 299, 299) [0, 255] images."""
+        """(n, 2048) float64 features of already prepared float (n, 3, 299, 299) images (``prepare``)."""
         n = len(x)
         parts = []
         with torch.inference_mode():

@@ -9,9 +9,14 @@ and the upstream numerics of the inference path:
   grid row of the image-token index, the second with the grid column (base ``rope_base``);
 * the ``cls_token_num`` text-condition slots get an ALL-ZERO (cos, sin), so their queries and
   keys are zero vectors (upstream behaviour the checkpoints are trained with; not identity);
-* text slot i attends valid text slots j <= i plus itself (the diagonal is forced on so padded
-  rows are never empty); image tokens attend every valid text slot and their image prefix;
-  both CFG halves use the same text mask.
+* text slot i attends valid text slots j <= i; a padded slot that has none (left padding: every
+  padded slot) attends, by ``LlamaGenConfig.variant`` (``text_slot_mask``):
+  ``upstream`` itself only (LlamaGen forces the diagonal on, ``generate.py``), ``lantern`` every
+  slot j <= i (LANTERN's additive mask, see ``text_slot_mask``); image tokens attend every valid
+  text slot and their image prefix; both CFG halves use the same text mask. Valid rows never see
+  a padded key, so the variant changes only the padded slots' own hidden states (the features
+  LANTERN's drafters prefill), never a logit; a real caption's padded slots are zeroed (zero
+  features under either mask), so in practice only the uncond half's padded slots differ.
 
 Sequence layout: text slots 0..T-1, then image token j at sequence index T + j; the output at
 image token j predicts token j + 1, the output at text slot T-1 predicts image token 0.
@@ -34,6 +39,9 @@ from coolsd.protocols import StepOut
 
 
 # ---------------------------------------------------------------------------------------- config
+VARIANTS = ("upstream", "lantern")  # LlamaGenConfig.variant / target.variant
+
+
 def check_2d_rope(width: int, n_heads: int, block_size: int) -> None:
     """Shapes 2D RoPE needs: whole heads, head_dim divisible by 4, a square token grid."""
     if width % n_heads:
@@ -57,9 +65,13 @@ class LlamaGenConfig:
     rope_base: float = 10000.0
     multiple_of: int = 256
     ffn_dim_multiplier: Optional[float] = None
+    variant: str = "upstream"  # padded-text-slot attention: "upstream" (LlamaGen) or "lantern" (LANTERN)
 
     def __post_init__(self):
         check_2d_rope(self.dim, self.n_head, self.block_size)
+        if self.variant not in VARIANTS:
+            raise ValueError(f"LlamaGen variant must be one of {', '.join(map(repr, VARIANTS))}, got {self.variant!r} "
+                             f"(target.variant: upstream = LlamaGen's own mask, lantern = LANTERN's)")
 
     @property
     def head_dim(self) -> int:
@@ -90,6 +102,42 @@ def tiny(**overrides) -> LlamaGenConfig:
     )
     base.update(overrides)
     return LlamaGenConfig(**base)
+
+
+# ---------------------------------------------------------------------------------------- mask
+def text_slot_mask(key_ok: torch.Tensor, variant: str) -> torch.Tensor:
+    """(B, L, L) bool attention mask of a sequence that starts with the text slots: query i sees
+    key j iff j <= i and key j is valid (``key_ok`` (B, L): the text slots' ``emb_mask``, True for
+    image tokens). Padded rows differ by ``variant``:
+
+    * ``upstream``: every row also sees itself -- LlamaGen's ``generate.py`` forces the diagonal on
+      (``causal_mask * (1 - eye) + eye``); it changes only padded rows, and with left padding a
+      padded slot then sees itself only.
+    * ``lantern``: a row left with no key (a padded slot with no valid slot before it: with left
+      padding, every padded slot) sees every key j <= i, itself included. LANTERN's
+      ``modeling_llamagen_kv.py`` adds ``_expand_mask`` (finfo(bf16).min on padded keys) to
+      ``_make_causal_mask`` (finfo(fp32).min on future keys), ~lines 257-268 and
+      ``_prepare_decoder_attention_mask``; on such a row the
+      past padded keys (-3.39e38) dominate the future ones (-3.40e38, or -inf where both add up),
+      every score is lost against those magnitudes, so the softmax is uniform over j <= i. Our
+      boolean mask gives the same uniform average because text-slot queries and keys are zero
+      vectors (zero RoPE). The first slot sees itself only in both variants.
+
+    LANTERN ran (``--precision bf16``, the default of ``generate_images.py`` and of
+    ``generate_train_data.py``, which made the released drafters' training features) in bf16;
+    fp16 behaves the same. In fp32 its two minima coincide and a padded row would also average
+    every valid key of the sequence, future ones included (image tokens in a full-sequence
+    forward): a non-causal artefact this option does not reproduce.
+    """
+    B, L = key_ok.shape
+    causal = torch.ones(L, L, dtype=torch.bool, device=key_ok.device).tril()
+    allowed = causal & key_ok.bool().unsqueeze(1)  # (B, L, L)
+    if variant == "upstream":
+        return allowed | torch.eye(L, dtype=torch.bool, device=key_ok.device)
+    if variant == "lantern":
+        empty = ~allowed.any(-1, keepdim=True)  # rows with no valid key j <= i
+        return allowed | (empty & causal)
+    raise ValueError(f"LlamaGen variant must be one of {', '.join(map(repr, VARIANTS))}, got {variant!r}")
 
 
 # ---------------------------------------------------------------------------------------- RoPE
@@ -257,22 +305,26 @@ class LlamaGenGPT(nn.Module):
     def forward(self, caption: torch.Tensor, emb_mask: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Teacher-forced training forward without a cache: hidden (B, T + N - 1, dim) after the
         final norm for the sequence [text slots, x_0 .. x_{N-2}]; hidden[:, T-1+j] predicts x_j.
-        ``caption`` is the (already dropped-out, if training CFG) caption feature sequence."""
+        ``caption`` is the condition exactly as the model sees it, as upstream's and LANTERN's
+        forwards take it: a real caption with its padded slots zeroed (``LlamaGenTarget.begin``
+        zeroes them, as upstream's ``generate.py`` and LANTERN's training data do), or the null
+        ``uncond_embedding`` whole (``begin``'s uncond half; CFG dropout). With the same mask as
+        ``begin`` (``text_slot_mask``), every slot's features equal the prefill's, padded ones
+        included. (Padded slots never reach a valid slot or an image token: logits do not depend
+        on what they hold.)"""
         cfg = self.config
         B, T = emb_mask.shape
         N1 = tokens.shape[1] - 1
-        x = caption.to(self.dtype) * emb_mask.unsqueeze(-1).to(self.dtype)
+        x = caption.to(self.device, self.dtype)
         h = torch.cat([self.cls_embedding(x), self.tok_embeddings(tokens[:, :N1])], dim=1)
         cdt = _compute_dtype(self.dtype)
         pos = torch.arange(N1, device=self.device).expand(B, N1)
         cos_i, sin_i = rope_2d(pos, cfg, cdt)
         zeros = torch.zeros(B, T, cfg.head_dim // 2, dtype=cdt, device=self.device)
         rot = rotation(torch.cat([zeros, cos_i], 1), torch.cat([zeros, sin_i], 1))
-        L = T + N1
-        key_ok = torch.cat([emb_mask.bool(), torch.ones(B, N1, dtype=torch.bool, device=self.device)], 1)
-        causal = torch.ones(L, L, dtype=torch.bool, device=self.device).tril()
-        mask = (causal & key_ok.unsqueeze(1)) | torch.eye(L, dtype=torch.bool, device=self.device)
-        mask = mask.unsqueeze(1)
+        image_ok = torch.ones(B, N1, dtype=torch.bool, device=self.device)
+        key_ok = torch.cat([emb_mask.bool().to(self.device), image_ok], 1)
+        mask = text_slot_mask(key_ok, cfg.variant).unsqueeze(1)  # the prefill's mask (begin), for both variants
         for i, layer in enumerate(self.layers):
             h = layer(h, rot, None, i, mask)
         return self.norm(h)
@@ -295,7 +347,7 @@ class LlamaGenGPT(nn.Module):
 class LlamaGenTarget:
     """``ImageTarget`` over a ``LlamaGenGPT``, with classifier-free guidance by batch doubling.
 
-    Internally the batch is [cond half; uncond half] (upstream order) when ``cfg_scale != 1``;
+    Internally the batch is [cond half; uncond half] (upstream order) when ``cfg_scale > 1``;
     both halves always hold the same tokens, positions and committed lengths. Returned logits
     are CFG-combined; returned hidden states (after the final norm) are (B, m, H), or
     (B, m, 2, H) = [cond, uncond] halves when guided.
@@ -334,7 +386,9 @@ class LlamaGenTarget:
 
     @property
     def guided(self) -> bool:
-        return self.cfg_scale != 1.0
+        """Guidance runs only for ``cfg_scale > 1``, as upstream's ``generate.py`` (``if cfg_scale >
+        1.0``): a scale <= 1 gives the cond-only logits, unguided."""
+        return self.cfg_scale > 1.0
 
     @property
     def device(self) -> torch.device:
@@ -382,9 +436,7 @@ class LlamaGenTarget:
         mask = self._double(mask)
         n = mask.shape[0]
         self.cache = self._new_cache(n)
-        causal = torch.ones(T, T, dtype=torch.bool, device=model.device).tril()
-        eye = torch.eye(T, dtype=torch.bool, device=model.device)
-        attend = (causal & mask.unsqueeze(1)) | eye  # (n, T, T): valid earlier slots and itself
+        attend = text_slot_mask(mask, cfg.variant)  # (n, T, T): valid earlier slots; padded ones by the variant
         zeros = torch.zeros(n, T, cfg.head_dim // 2, dtype=_compute_dtype(model.dtype), device=model.device)
         hidden = model.run(model.cls_embedding(x), zeros, zeros, self.cache, attend)
         keep = torch.arange(T, device=model.device).expand(n, T)
@@ -433,29 +485,180 @@ class LlamaGenTarget:
 
 # ---------------------------------------------------------------------------------------- loading
 GPT_SOURCE = "https://huggingface.co/peizesun/llamagen_t2i (t2i_XL_stage1_256.pt; t2i_XL_stage2_512.pt for 512 px)"
+HF_SOURCE = ("https://huggingface.co/jadohu/LlamaGen-T2I (LANTERN's HF conversion of t2i_XL_stage1_256.pt; "
+             "jadohu/LlamaGen-T2I-2 for 512 px)")
 GPT_CONFIGS = {"GPT_XL": GPT_XL, "GPT_XL_512": GPT_XL_512}
 
 
-def gpt_config(spec) -> LlamaGenConfig:
-    """A named config (``GPT_XL``, ``GPT_XL_512``) or a mapping of ``LlamaGenConfig`` fields."""
+def gpt_config(spec, variant: Optional[str] = None) -> LlamaGenConfig:
+    """A named config (``GPT_XL``, ``GPT_XL_512``) or a mapping of ``LlamaGenConfig`` fields;
+    ``variant`` (``target.variant``) sets its padded-slot attention (a mapping that names another
+    variant is an error)."""
     if isinstance(spec, str):
         if spec not in GPT_CONFIGS:
             raise ValueError(f"unknown gpt_config {spec!r}; valid: {sorted(GPT_CONFIGS)} or a mapping of fields")
-        return GPT_CONFIGS[spec]
-    return LlamaGenConfig(**dict(spec))
+        cfg = GPT_CONFIGS[spec]
+    else:
+        fields = dict(spec)
+        if variant is not None and fields.get("variant", variant) != variant:
+            raise ValueError(f"target.gpt_config.variant={fields['variant']!r} contradicts target.variant={variant!r}; "
+                             f"set the variant once, with target.variant")
+        cfg = LlamaGenConfig(**fields)
+    return cfg if variant is None else replace(cfg, variant=variant)
+
+
+# LANTERN's HF conversion (jadohu/LlamaGen-T2I): the names of its ``models/kv_variants/
+# modeling_llamagen_kv.py`` (``LlamaForCausalLM`` > ``LlamaModel``: ``embed_tokens``,
+# ``cls_embedding.cap_proj.fc1/fc2`` and the ``uncond_embedding`` buffer, ``layers.N.self_attn.
+# q/k/v/o_proj``, ``mlp.gate/up/down_proj``, ``input_layernorm``, ``post_attention_layernorm``,
+# ``norm``; ``lm_head``), the names its ``ea_model_llamagen.py`` also reads. Its T5 embedder is not
+# a module and RoPE is a plain tensor attribute: neither is in the weights.
+_HF_TOP = {
+    "cls_embedding.uncond_embedding": "model.cls_embedding.uncond_embedding",
+    "cls_embedding.cap_proj.fc1.weight": "model.cls_embedding.cap_proj.fc1.weight",
+    "cls_embedding.cap_proj.fc2.weight": "model.cls_embedding.cap_proj.fc2.weight",
+    "tok_embeddings.weight": "model.embed_tokens.weight",
+    "norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_HF_LAYER = {  # ours -> theirs under layers.N; wqkv is their q, k, v stacked (rows), plain MHA
+    "attention.wqkv.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+    "attention.wo.weight": ("self_attn.o_proj.weight",),
+    "feed_forward.w1.weight": ("mlp.gate_proj.weight",),
+    "feed_forward.w3.weight": ("mlp.up_proj.weight",),
+    "feed_forward.w2.weight": ("mlp.down_proj.weight",),
+    "attention_norm.weight": ("input_layernorm.weight",),
+    "ffn_norm.weight": ("post_attention_layernorm.weight",),
+}
+# config.json key -> our value; LANTERN's LlamaModel reads every one of them (so a converted
+# folder has them all); intermediate_size is the FFN width our multiple_of rounding gives
+_HF_CONFIG = {
+    "hidden_size": lambda c: c.dim, "num_hidden_layers": lambda c: c.n_layer,
+    "num_attention_heads": lambda c: c.n_head, "vocab_size": lambda c: c.vocab_size,
+    "intermediate_size": lambda c: c.ffn_hidden, "cls_token_num": lambda c: c.cls_token_num,
+    "caption_dim": lambda c: c.caption_dim, "block_size": lambda c: c.block_size,
+    "rms_norm_eps": lambda c: c.norm_eps, "rope_base": lambda c: c.rope_base,
+}
+HF_WEIGHTS = ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin.index.json", "pytorch_model.bin")
+
+
+def hf_key_map(n_layer: int) -> dict[str, tuple[str, ...]]:
+    """Our state-dict key -> the HF key(s) it is made of (several: stacked along dim 0)."""
+    out = {k: (v,) for k, v in _HF_TOP.items()}
+    for i in range(n_layer):
+        out.update({f"layers.{i}.{k}": tuple(f"model.layers.{i}.{n}" for n in v) for k, v in _HF_LAYER.items()})
+    return out
+
+
+def check_hf_config(folder, cfg: LlamaGenConfig) -> None:
+    """``folder/config.json`` against ``cfg`` (``target.gpt_config``): every size must agree, the
+    model must be the t2i GPT with plain multi-head attention, untied output and no biases."""
+    import math
+    import os
+
+    from coolsd.loading import BadInputFile, read_json
+
+    path = os.path.join(os.fspath(folder), "config.json")
+    conf = read_json(path, "LlamaGen HF config (config.json)", HF_SOURCE)
+    absent = [k for k in _HF_CONFIG if k not in conf]
+    if absent:
+        raise BadInputFile(f"{path} lacks {', '.join(absent)}: not a LlamaGen t2i config; expected the folder from "
+                           f"{HF_SOURCE}")
+    differ = [f"{k}={conf[k]!r} (target.gpt_config has {want(cfg)!r})" for k, want in _HF_CONFIG.items()
+              if not (isinstance(conf[k], (int, float)) and math.isclose(conf[k], want(cfg), rel_tol=1e-9))]
+    kv = conf.get("num_key_value_heads")
+    if kv is not None and kv != conf["num_attention_heads"]:
+        differ.append(f"num_key_value_heads={kv!r} (LlamaGen is plain multi-head: {conf['num_attention_heads']})")
+    for key, want in (("input_type", "t2i"), ("tie_word_embeddings", False), ("attention_bias", False)):
+        if key in conf and conf[key] != want:
+            differ.append(f"{key}={conf[key]!r} (expected {want!r})")
+    if differ:
+        raise BadInputFile(f"{path} does not fit target.gpt_config ({'; '.join(differ)}); set target.gpt_config to "
+                           f"the checkpoint's sizes or point target.files.gpt at the matching checkpoint from "
+                           f"{HF_SOURCE}")
+
+
+def read_hf_weights(folder) -> tuple[dict, str]:
+    """The tensors of a HF model folder (``HF_WEIGHTS``, the first present: a sharded index or one
+    file; safetensors or ``torch.load(weights_only=True)``) and the name the errors give them."""
+    from pathlib import Path
+
+    from coolsd.loading import BadInputFile, MissingInputFile, read_json, read_torch_checkpoint
+
+    folder = Path(folder)
+    what = "LlamaGen HF weights"
+    name = next((n for n in HF_WEIGHTS if (folder / n).is_file()), None)
+    if name is None:
+        raise MissingInputFile(f"LlamaGen HF folder {folder} holds none of {', '.join(HF_WEIGHTS)}; get the folder "
+                               f"from {HF_SOURCE}")
+    if not name.endswith(".index.json"):
+        return read_torch_checkpoint(folder / name, what, HF_SOURCE), str(folder / name)
+    index = read_json(folder / name, f"{what} index", HF_SOURCE)
+    shards = sorted(set((index.get("weight_map") or {}).values()))
+    if not shards:
+        raise BadInputFile(f"{folder / name} lists no shard files (its weight_map is empty); get the folder "
+                               f"from {HF_SOURCE}")
+    state: dict = {}
+    for shard in shards:
+        part = read_torch_checkpoint(folder / shard, what, HF_SOURCE)
+        if twice := state.keys() & part.keys():
+            raise BadInputFile(f"{folder / shard} repeats keys of another shard ({', '.join(sorted(twice)[:4])}); "
+                                   f"get the folder from {HF_SOURCE}")
+        state.update(part)
+    return state, f"{folder / name} ({len(shards)} shards)" if len(shards) > 1 else str(folder / shards[0])
+
+
+def _few(keys, limit: int = 6) -> str:
+    keys = sorted(keys)
+    return ", ".join(keys[:limit]) + (f", ... ({len(keys)} in all)" if len(keys) > limit else "")
+
+
+def state_from_hf(hf: dict, cfg: LlamaGenConfig, where: str) -> dict:
+    """LANTERN's HF tensors -> our state dict, strictly: every HF key used exactly once, none
+    missing, every shape ours (else one ``BadInputFile`` naming ``where`` and the keys)."""
+    from coolsd.loading import BadInputFile
+
+    with torch.device("meta"):
+        own = LlamaGenGPT(cfg).state_dict()
+    keys = hf_key_map(cfg.n_layer)
+    wanted = {n for names in keys.values() for n in names}
+    missing, unexpected = wanted - hf.keys(), hf.keys() - wanted
+    shapes = []
+    for ours, names in keys.items():
+        rows = own[ours].shape[0] // len(names)
+        for n in names:
+            if n in hf and tuple(hf[n].shape) != (rows, *own[ours].shape[1:]):
+                shapes.append(f"{n} {tuple(hf[n].shape)} (expected {(rows, *own[ours].shape[1:])})")
+    if missing or unexpected or shapes:
+        parts = ([f"missing keys: {_few(missing)}"] if missing else []) + \
+                ([f"unexpected keys: {_few(unexpected)}"] if unexpected else []) + \
+                ([f"wrong shapes: {', '.join(sorted(shapes)[:6])}"] if shapes else [])
+        raise BadInputFile(f"{where} does not fit LANTERN's LlamaGen HF layout for target.gpt_config "
+                           f"({'; '.join(parts)}); expected the folder from {HF_SOURCE}")
+    return {ours: torch.cat([hf[n] for n in names]) if len(names) > 1 else hf[names[0]]
+            for ours, names in keys.items()}
 
 
 def load_gpt(path, cfg: LlamaGenConfig, dtype=torch.bfloat16, device="cpu") -> LlamaGenGPT:
-    """Strictly load an official t2i GPT checkpoint (``{"model": sd}``); a checkpoint of another
-    size or grid is an error naming the keys/shapes that differ."""
+    """Strictly load a t2i GPT: an official checkpoint file (``{"model": sd}``, ``GPT_SOURCE``) or
+    a folder in LANTERN's HF layout (config.json + weights, ``HF_SOURCE``; its config checked
+    against ``cfg``). A checkpoint of another size or grid is an error naming the keys/shapes
+    that differ. ``cfg.variant`` is not a property of the weights: either file runs either variant."""
     import os
+    from pathlib import Path
 
     from coolsd.loading import check_state_dict, read_torch_checkpoint
 
-    state = read_torch_checkpoint(path, "LlamaGen t2i GPT checkpoint", GPT_SOURCE)
+    if Path(os.fspath(path)).is_dir():
+        check_hf_config(path, cfg)
+        hf, where = read_hf_weights(path)
+        state, source = state_from_hf(hf, cfg, where), HF_SOURCE
+    else:
+        state = read_torch_checkpoint(path, "LlamaGen t2i GPT checkpoint", GPT_SOURCE)
+        where, source = os.fspath(path), GPT_SOURCE
     with torch.device("meta"):
         model = LlamaGenGPT(cfg)
-    check_state_dict(model, state, os.fspath(path), GPT_SOURCE)
+    check_state_dict(model, state, where, source)
     model = model.to_empty(device="cpu")
     model.load_state_dict(state, strict=True)
     return model.to(device=device, dtype=dtype).eval().requires_grad_(False)

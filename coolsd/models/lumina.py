@@ -51,6 +51,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
+from coolsd import batch_invariant
 from coolsd.decoding.sampling import cfg_combine
 from coolsd.models.chameleon import ChameleonLM, load_chameleon
 from coolsd.models.kv_cache import KVCache
@@ -164,6 +165,10 @@ class LuminaTarget:
     ``prompt_ids``. Returned logits are CFG-combined over codes; hidden states (after the final
     norm) are (B, m, H), or (B, m, 2, H) = [cond, uncond] when guided.
     ``decoder``: a ``ChameleonVQ`` (``decode_codes(codes, h, w)``) or a callable codes -> images.
+    ``prefill_features="all"``: ``begin``'s hidden carries every prefill slot's feature (B, L,
+    [2,] H), right-aligned with zeros before a row's first slot (the EAGLE drafter's text
+    prefix, ``coolsd.drafters.eagle_lumina``); "last": only the last slot's.
+    Under ``coolsd.batch_invariant`` with B > 1 every sample runs in its own batch-1 target.
     """
 
     def __init__(
@@ -177,6 +182,7 @@ class LuminaTarget:
         decoder: Any = None,
         tokens: LuminaTokens = LuminaTokens(),
         cache_headroom: int = 128,
+        prefill_features: str = "last",
     ):
         if h_latent % 2 or w_latent % 2 or h_latent < 2 or w_latent < 2:
             raise ValueError(
@@ -186,6 +192,10 @@ class LuminaTarget:
         ids = [tokens.image_start, tokens.newline, tokens.grid_base + h_latent // 2, tokens.grid_base + w_latent // 2]
         if int(vocab.code_to_bpe.max()) >= V or max(ids) >= V or min(ids) < 0:
             raise ValueError(f"image or structural token ids exceed the model vocabulary ({V})")
+        if prefill_features not in ("last", "all"):
+            raise ValueError(f"prefill_features must be 'last' or 'all', got {prefill_features!r}")
+        # "all": begin() hands over every prefill slot's feature (an EAGLE drafter's text prefix)
+        self.prefill_features = prefill_features
         self.model = model.eval()
         self.vocab = vocab
         self.tokens = tokens
@@ -198,6 +208,7 @@ class LuminaTarget:
         self._rows = vocab.code_to_bpe.to(model.device)  # lm_head rows / embedding ids of codes 0..n-1
         self.cache: Optional[KVCache] = None
         self.batch_size = 0
+        self._alone: Optional[list] = None  # under coolsd.batch_invariant: one batch-1 target per sample
 
     @property
     def guided(self) -> bool:
@@ -258,6 +269,9 @@ class LuminaTarget:
                 raise ValueError(f"prompt ids must be a non-empty sequence of ids in [0, {V})")
             prompts.append(ids)
         self.batch_size = batch_size
+        self._alone = None
+        if batch_invariant.active() and batch_size > 1:
+            return self._begin_alone(prompts)
         prefix = self.structural_prefix
         rows = [p + prefix for p in prompts] + ([prefix] * batch_size if self.guided else [])
         n = len(rows)
@@ -272,7 +286,33 @@ class LuminaTarget:
         self.cache.commit(torch.arange(L, device=dev).expand(n, L), lens)
         self._offset = lens  # logical position of image token 0, per internal row
         self._reset_pending()
-        return self._out(hidden[torch.arange(n, device=dev), lens - 1].unsqueeze(1))
+        out = self._out(hidden[torch.arange(n, device=dev), lens - 1].unsqueeze(1))
+        if self.prefill_features == "all":
+            # (B, L, [2,] H): every prefill slot's feature, RIGHT-aligned (each row's last slot at
+            # index -1, zeros before its first): LANTERN's left zero padding of the uncond half
+            # (``cnets_lumina_mgpt.Model.topK_generate``), here for every row
+            ar = torch.arange(L, device=dev)
+            src = (ar.unsqueeze(0) - (L - lens).unsqueeze(1))  # (n, L) source index, < 0 = padding
+            feats = hidden.gather(1, src.clamp(min=0).unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+            feats = feats.masked_fill((src < 0).unsqueeze(-1), 0.0)
+            out.hidden = torch.stack([feats[:batch_size], feats[batch_size:]], dim=2) if self.guided else feats
+        return out
+
+    def _begin_alone(self, prompts: list) -> StepOut:
+        """``begin`` under ``coolsd.batch_invariant`` for B > 1: every sample runs in its own batch-1
+        target over the same model (the newline slots of a shared forward exist wherever ANY sample
+        has a row end, so a sample's attention spans, hence its last bits, would depend on the others)."""
+        self._alone = [LuminaTarget(self.model, self.vocab, h_latent=self.h_latent, w_latent=self.w_latent,
+                                    cfg_scale=self.cfg_scale, tokens=self.tokens, cache_headroom=self.cache_headroom,
+                                    prefill_features=self.prefill_features) for _ in prompts]
+        outs = [t.begin([p], 1) for t, p in zip(self._alone, prompts)]
+        hidden = None
+        if outs[0].hidden is not None:  # right-aligned prefill features: left zero padding to the longest
+            L = max(o.hidden.shape[1] for o in outs)
+            hidden = torch.cat([torch.cat([o.hidden.new_zeros(1, L - o.hidden.shape[1], *o.hidden.shape[2:]), o.hidden], 1)
+                                for o in outs])
+        self.cache = self._alone[0].cache  # begun (forward and commit go to the per-sample targets)
+        return StepOut(logits=torch.cat([o.logits for o in outs]), hidden=hidden)
 
     @torch.no_grad()
     def forward(
@@ -284,6 +324,11 @@ class LuminaTarget:
     ) -> StepOut:
         """tokens: (B, m) codes; positions: (B, m) image-token indices j; attend: (m, P+m) or
         (B, m, P+m) over the caller's pending entries then the new ones."""
+        if self._alone is not None:
+            outs = [t.forward(tokens[b : b + 1], positions[b : b + 1] if positions.shape[0] > 1 else positions,
+                              attend[b : b + 1] if attend.dim() == 3 else attend)
+                    for b, t in enumerate(self._alone)]
+            return StepOut(logits=torch.cat([o.logits for o in outs]), hidden=torch.cat([o.hidden for o in outs]))
         if self.cache is None:
             raise RuntimeError("call begin() first")
         model, dev, B = self.model, self.model.device, self.batch_size
@@ -344,6 +389,10 @@ class LuminaTarget:
     def commit(self, keep: torch.Tensor, n_keep: torch.Tensor) -> None:
         """keep: (B, K) caller pending indices; n_keep: (B,). The newline after a kept row-end
         token is kept right after it."""
+        if self._alone is not None:
+            for b, t in enumerate(self._alone):
+                t.commit(keep[b : b + 1], n_keep[b : b + 1])
+            return
         if self.cache is None:
             raise RuntimeError("call begin() first")
         dev, B = self.model.device, self.batch_size
@@ -383,6 +432,7 @@ def load_lumina_target(
     dtype: torch.dtype = torch.bfloat16,
     device: torch.device | str = "cpu",
     vq_config=None,
+    prefill_features: str = "last",
 ) -> LuminaTarget:
     """The real target from local files: the Lumina-mGPT checkpoint folder (config.json with
     ``vocabulary_map``, safetensors shards; huggingface.co/Alpha-VLLM/Lumina-mGPT-7B-768) and
@@ -400,7 +450,7 @@ def load_lumina_target(
         tokens.grid_token(h_latent // 2, vmap), tokens.grid_token(w_latent // 2, vmap)
     decoder = None if vqgan_ckpt is None else load_vqgan(vqgan_ckpt, vq_config, device=device)
     return LuminaTarget(model, vocab, h_latent=h_latent, w_latent=w_latent, cfg_scale=cfg_scale,
-                        decoder=decoder, tokens=tokens)
+                        decoder=decoder, tokens=tokens, prefill_features=prefill_features)
 
 
 __all__ = [

@@ -49,11 +49,13 @@ def missing_inputs(cfg, metrics: dict) -> list[str]:
     return out
 
 
-def real_table2_sweep(target: str, prompts: int, records: Path, scorers: dict, overrides=(), device=None) -> dict:
+def real_table2_sweep(target: str, prompts: int, records: Path, scorers: dict, overrides=(), device=None,
+                      configs=None) -> dict:
     """Runs every row through the generation job on one loaded world, then the metrics.
     ``scorers``: keyword arguments of ``evaluate_run`` (clip, image_reward, inception +
-    reference); returns {"env", "table", "runs"}."""
-    configs = row_configs(target, prompts, records, overrides)
+    reference); ``configs``: (tag, job config) rows (default: Table 2's, ``row_configs``; one of
+    them AR); returns {"env", "table", "runs"}."""
+    configs = configs or row_configs(target, prompts, records, overrides)
     world = load_world(configs[0][1])
     t0 = time.perf_counter()
     summaries, dirs = {}, {}

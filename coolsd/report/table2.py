@@ -142,13 +142,16 @@ def write_tables(df: pd.DataFrame, out: Path) -> None:
     df.to_csv(out / "table2.csv", index=False)
 
 
-def main(argv=None):
+def report_args(doc: str, name: str, toy_prompts: int) -> argparse.ArgumentParser:
+    """The command line of a report over targets (``make paper-table2``, ``make sota-table``):
+    targets, prompts, output and records folders, overrides, and the metric files of real targets."""
     env = os.environ.get
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--targets", default="toy", help="comma-separated target names (conf/target/*.yaml)")
-    ap.add_argument("--prompts", type=int, default=None, help="prompts per target (default: toy 60, real 5,000 as the paper)")
-    ap.add_argument("--out", type=Path, default=ROOT / "results" / "paper_table2")
-    ap.add_argument("--records", type=Path, default=None, help="records folder (default outputs/paper_table2/<time>)")
+    ap.add_argument("--prompts", type=int, default=None,
+                    help=f"prompts per target (default: toy {toy_prompts}, real 5,000 as the paper)")
+    ap.add_argument("--out", type=Path, default=ROOT / "results" / name)
+    ap.add_argument("--records", type=Path, default=None, help=f"records folder (default outputs/{name}/<time>)")
     ap.add_argument("--override", action="append", default=[], help="a Hydra override for every real-target run")
     ap.add_argument("--clip", default=env("CLIP_DIR"))
     ap.add_argument("--inception", default=env("INCEPTION_WEIGHTS"))
@@ -158,7 +161,11 @@ def main(argv=None):
     ap.add_argument("--ir-python", default=env("IMAGEREWARD_PYTHON"))
     ap.add_argument("--metrics-device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--fid-resamples", type=int, default=100)
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None):
+    a = report_args(__doc__, "paper_table2", 60).parse_args(argv)
     targets = [t.strip() for t in a.targets.split(",") if t.strip()]
     records_root = a.records or ROOT / "outputs" / "paper_table2" / time.strftime("%Y-%m-%d_%H-%M-%S")
     for t in targets:

@@ -26,7 +26,7 @@ def _check_pair(target: TabularAR, draft: TabularAR):
 
 
 def _method(target, method, draft_length, tree, params):
-    if method == "sjd" and "window" not in params:
+    if method in ("sjd", "mc_sjd") and "window" not in params:
         params = {**params, "window": int(draft_length) + 1}
     nb = neighbours_from_codebook(target.codebook) if method in ("lantern", "lantern_pp") else None
     return build_method(method, tree=tree, draft_length=draft_length, neighbours=nb, vocab_size=target.V, **params)
@@ -78,16 +78,19 @@ def exact_stats(target: TabularAR, draft: TabularAR, method: str, draft_length: 
 
 def sample_stats(
     target: TabularAR, draft: TabularAR, method: str, draft_length: int, n: int, seed: int,
-    tree="chain", **params,
+    tree="chain", sampling: SamplingConfig | None = None, grid_width: int | None = None, **params,
 ) -> dict:
     """Run the production loop (``speculative_generate`` with the production drafters and
     verification) n times from the empty prefix; empirical sequence distribution and
     accepted length N / mean(rounds); ``result``: the loop's ``GenerationResult`` (per-token
-    step_tv / step_kl, round lengths)."""
+    step_tv / step_kl, round lengths). ``sampling``: the loop's warpers (default none); the
+    distribution a lossless method must then match is ``target.warped(sampling)``'s
+    (``tv_to_target`` is measured against it). ``grid_width``: lay the N tokens out on a grid
+    that wide (SJD's spatial inits)."""
     _check_pair(target, draft)
     m = _method(target, method, draft_length, tree, params)
-    sampling = SamplingConfig()
-    drafter = build_drafter(m, draft, sampling, target.V)
+    sampling = sampling or SamplingConfig()
+    drafter = build_drafter(m, draft, sampling, target.V, grid_width=grid_width)
     res = speculative_generate(
         target, target.N, SharedRNG(n, seed), rule=m.rule, drafter=drafter, tree=m.tree,
         sampling=sampling, batch_size=n, bos_token=target.bos_token,
@@ -103,7 +106,7 @@ def sample_stats(
         "accepted_length": target.N / rounds.mean(),
         "mean_rounds": float(rounds.mean()),
         "rounds_std": float(rounds.std(ddof=1)) if n > 1 else 0.0,
-        "tv_to_target": total_variation(counts / n, target.sequence_distribution()),
+        "tv_to_target": total_variation(counts / n, target.warped(sampling).sequence_distribution()),
         "n": n,
         "tokens": res.tokens,
         "result": res,

@@ -1,14 +1,17 @@
 """Exact TV against accepted length for every method and schedule on seeded random tabular
 pairs: the COOL-SD trade-off (Prop. 2: annealed omega beats uniform at equal acceptance),
-computed exactly, with no sampling noise."""
+computed exactly, with no sampling noise; the training-free parallel decoders (SJD, MC-SJD, GSD)
+beside them from sampled runs of the production loop (``SAMPLED_CURVES``)."""
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
-from coolsd.theory.lab import exact_stats
+from coolsd.theory.lab import exact_stats, sample_stats
+from coolsd.theory.stats import total_variation
 from coolsd.theory.tabular import TabularAR
 
 DELTAS = (1.0, 1.25, 1.5, 2.0, 3.0, 4.0)
@@ -22,6 +25,22 @@ CURVES = {
     "lantern_pp k=2": [("lantern_pp", {"lam": l, "k": 2}) for l in LAMS],
     "lantern_pp k=2 +G*": [("lantern_pp", {"lam": l, "k": 2, "resample": "gstar"}) for l in LAMS],
 }
+
+
+# training-free parallel decoders (issue 18): the target drafts for itself through SJD's window
+# (W = draft_length + 1), so their rounds carry drafts across rounds and have no exact solver here;
+# their TV is that of n sampled sequences through the production loop (sample_stats), plotted
+# beside the same statistic of n i.i.d. draws from the target (the sampling noise floor: a lossless
+# method sits on it). "accepted length" = tokens per target forward, as for the drafted methods.
+GROUPS = (1, 2, 3, 4)
+SAMPLED_CURVES = {
+    "sjd": [("sjd", {})],
+    "mc_sjd maximal": [("mc_sjd", {"coupling": "maximal"})],
+    "mc_sjd gumbel": [("mc_sjd", {"coupling": "gumbel"})],
+    "gsd (G ranks, no p filter)": [("gsd", {"G": g, "p_thr": None}) for g in GROUPS],
+    "gsd +G*": [("gsd", {"G": g, "p_thr": None, "resample": "gstar"}) for g in GROUPS],
+}
+N_SAMPLED = 100_000
 
 
 def lab_pairs(vocab: int, length: int, mix: float, seeds):
@@ -38,9 +57,25 @@ def _exact(st: dict) -> dict:
     return {k: st[k] for k in ("tv", "kl", "expected_step_tv", "expected_step_kl", "accepted_length")}
 
 
-def run_sweep(vocab=4, length=5, draft_length=4, mix=0.4, seeds=(0, 1, 2)) -> pd.DataFrame:
+def sampled_rows(P, seed: int, draft_length: int, n: int) -> list[dict]:
+    """The SAMPLED_CURVES points of one pair, and the noise floor (TV of n i.i.d. target draws)."""
+    exact = P.sequence_distribution()
+    draws = np.random.default_rng(seed).multinomial(n, exact / exact.sum())
+    rows = [{"curve": "i.i.d. target draws (noise floor)", "seed": seed, "method": "target", "param": 0.0,
+             "tv": total_variation(draws / n, exact), "accepted_length": 1.0, "sampled": True}]
+    for curve, items in SAMPLED_CURVES.items():
+        for method, params in items:
+            st = sample_stats(P, P, method, draft_length, n, seed=seed, window=draft_length + 1, **params)
+            rows.append({"curve": curve, "seed": seed, "method": method, "param": float(params.get("G", 0)),
+                         "tv": st["tv_to_target"], "accepted_length": st["accepted_length"], "sampled": True})
+    return rows
+
+
+def run_sweep(vocab=4, length=5, draft_length=4, mix=0.4, seeds=(0, 1, 2), n_sampled=N_SAMPLED) -> pd.DataFrame:
     rows = []
     for seed, P, Q in lab_pairs(vocab, length, mix, seeds):
+        if n_sampled:
+            rows += sampled_rows(P, seed, draft_length, n_sampled)
         base = exact_stats(P, Q, "eagle", draft_length)
         rows.append({"curve": "eagle", "seed": seed, "method": "eagle", "param": 1.0, **_exact(base)})
         for curve, items in CURVES.items():
@@ -59,12 +94,14 @@ def plot(df: pd.DataFrame, path: Path, title: str):
 
     mean = df.groupby(["curve", "param"], as_index=False)[["tv", "accepted_length"]].mean()
     fig, ax = plt.subplots(figsize=(7, 4.8))
+    sampled = set(df.loc[df.get("sampled", False) == True, "curve"]) if "sampled" in df else set()  # noqa: E712
     for curve, g in mean.groupby("curve", sort=False):
         g = g.sort_values("param")
-        style = "*" if curve == "eagle" else "o-"
-        ax.plot(g["accepted_length"], g["tv"], style, label=curve, ms=9 if curve == "eagle" else 4)
-    ax.set_xlabel("exact accepted length (tokens per round)")
-    ax.set_ylabel("exact TV to the target's sequence distribution")
+        style = "*" if curve == "eagle" else ("x--" if curve in sampled else "o-")
+        ax.plot(g["accepted_length"], g["tv"], style, label=curve + (" [sampled]" if curve in sampled else ""),
+                ms=9 if curve == "eagle" else 4)
+    ax.set_xlabel("accepted length (tokens per target forward)")
+    ax.set_ylabel("TV to the target's sequence distribution\n(exact; [sampled]: n sequences, with its noise floor)")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -81,9 +118,11 @@ def main(argv=None):
     ap.add_argument("--draft-length", type=int, default=4)
     ap.add_argument("--mix", type=float, default=0.4, help="draft = (1-mix)*target + mix*random")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--n-sampled", type=int, default=N_SAMPLED,
+                    help="sequences per sampled point of the parallel decoders (0: exact curves only)")
     ap.add_argument("--out", type=Path, default=Path("results/theory"))
     a = ap.parse_args(argv)
-    df = run_sweep(a.vocab, a.length, a.draft_length, a.mix, a.seeds)
+    df = run_sweep(a.vocab, a.length, a.draft_length, a.mix, a.seeds, a.n_sampled)
     a.out.mkdir(parents=True, exist_ok=True)
     df.to_csv(a.out / "tv_vs_accepted_length.csv", index=False)
     title = (f"Exact trade-off on random tabular models\n(V={a.vocab}, N={a.length}, chain L={a.draft_length},"

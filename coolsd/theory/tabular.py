@@ -76,6 +76,13 @@ class TabularAR:
         """Row-wise mixture (1-w)*a + w*b: a drafter at a controlled distance from a target."""
         return TabularAR({k: (1 - w) * a.tables[k] + w * b.tables[k] for k in a.tables}, a.codebook)
 
+    def warped(self, sampling) -> "TabularAR":
+        """The model a loop run with ``sampling`` (a ``SamplingConfig``: temperature, top-k, top-p)
+        samples from: each row warped as the loop warps the target's logits (log of the row)."""
+        rows = {k: sampling.probs(torch.log(torch.as_tensor(v, dtype=torch.float64)).unsqueeze(0))[0].numpy()
+                for k, v in self.tables.items()}
+        return TabularAR(rows, self.codebook)
+
     def sequence_distribution(self) -> np.ndarray:
         """Exact probability of every length-N sequence, lexicographic index."""
         out = np.ones(1)

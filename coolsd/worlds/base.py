@@ -239,7 +239,7 @@ class DiscreteWorld(World):
     def generate(self, method, prompts: list, seeds: list[int]) -> list[Sample]:
         target = self.target
         drafter = build_drafter(method, self.drafter() if method.drafter == "model" else None, self.sampling,
-                                target.vocab_size)
+                                target.vocab_size, grid_width=grid_width(target))
         with torch.no_grad():
             cond = per_sample(self.encode, [p.caption for p in prompts])
             res = speculative_generate(
@@ -251,6 +251,17 @@ class DiscreteWorld(World):
                         "target_forwards": res.target_forwards[b], "draft_forwards": res.draft_forwards,
                         "latency_s": res.seconds, "decode_s": decode_s, **image_signals(res, b)}, imgs[b])
                 for b in range(len(seeds))]
+
+
+def grid_width(target) -> Optional[int]:
+    """Width in tokens of a target's image grid: ``w_latent`` where the target has one (Lumina-mGPT),
+    else the side of a square grid of ``n_image_tokens`` (LlamaGen, the toy world); None if neither."""
+    w = getattr(target, "w_latent", None)
+    if w:
+        return int(w)
+    n = getattr(target, "n_image_tokens", None)
+    side = math.isqrt(n) if n else 0
+    return side if side and side * side == n else None
 
 
 class ContinuousWorld(World):

@@ -1,11 +1,16 @@
 """``target=llamagen_xl`` / ``llamagen_xl_512``: LlamaGen-XL text-to-image from the official local
-files. The GPT (``coolsd.models.llamagen``: ``t2i_XL_stage1_256.pt`` or ``t2i_XL_stage2_512.pt``),
-FLAN-T5-XL (``coolsd.models.t5_text``), the VQ-16 tokenizer (``coolsd.models.llamagen_vq``) and
-the drafter (``draft``: LANTERN's EAGLE-1 head, ``draft=self``, or none for model-free methods).
-Every file is checked before anything is loaded; image metrics: ``python -m coolsd.evaluate``.
+files. The GPT (``coolsd.models.llamagen``: ``t2i_XL_stage1_256.pt`` or ``t2i_XL_stage2_512.pt``,
+or a folder of LANTERN's HF conversion ``jadohu/LlamaGen-T2I`` / ``-2``), FLAN-T5-XL
+(``coolsd.models.t5_text``), the VQ-16 tokenizer (``coolsd.models.llamagen_vq``) and the drafter
+(``draft``: LANTERN's EAGLE-1 head, ``draft=self``, or none for model-free methods).
+``target.variant`` (``upstream`` | ``lantern``) is the padded-text-slot attention of the GPT
+(``coolsd.models.llamagen.text_slot_mask``); a non-default one is part of the run identity
+(``settings``), so a run folder never mixes the two. Every file is checked before anything is
+loaded; image metrics: ``python -m coolsd.evaluate``.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
@@ -14,7 +19,8 @@ import torch
 from coolsd.decoding.lantern import neighbours_from_codebook
 from coolsd.drafters.eagle import DRAFTER_SOURCE, EagleDrafter, EagleHead, load_eagle_head
 from coolsd.drafting import SamplingConfig
-from coolsd.models.llamagen import GPT_SOURCE, LlamaGenGPT, LlamaGenTarget, gpt_config, load_gpt
+from coolsd.models.llamagen import (GPT_SOURCE, HF_SOURCE, HF_WEIGHTS, VARIANTS, LlamaGenGPT, LlamaGenTarget,
+                                    gpt_config, load_gpt)
 from coolsd.models.llamagen_vq import VQ_16, VQ_SOURCE, VQConfig, load_llamagen_vq
 from coolsd.models.t5_text import T5_SOURCE, T5CaptionEncoder
 from coolsd.worlds.base import DiscreteWorld, draft_kind
@@ -27,6 +33,7 @@ class LlamaGenWorld(DiscreteWorld):
     next_step = REAL_TARGET_HINT
     trains_drafters = True
     compiles = True
+    variants = VARIANTS  # target.variant (checked by coolsd.config_schema.check_config)
 
     @classmethod
     def training_captions(cls, n: int, seed: int, path=None) -> list[str]:
@@ -37,7 +44,12 @@ class LlamaGenWorld(DiscreteWorld):
 
     @classmethod
     def missing_files(cls, cfg) -> list[str]:
-        needs = [config_need(cfg, "target.files.gpt", "gpt", GPT_SOURCE, folder=False),
+        # target.files.gpt: the official .pt file, or a folder in LANTERN's HF layout (config.json + weights)
+        gpt = config_need(cfg, "target.files.gpt", "gpt", f"{GPT_SOURCE}, or the folder from {HF_SOURCE}")
+        if gpt.path not in (None, "", "null"):
+            is_dir = Path(str(gpt.path)).is_dir()
+            gpt = gpt._replace(folder=is_dir, contains=("config.json", HF_WEIGHTS) if is_dir else ())
+        needs = [gpt,
                  config_need(cfg, "target.files.vq", "vq", VQ_SOURCE, folder=False),
                  config_need(cfg, "target.files.t5", "t5", T5_SOURCE, folder=True, contains=("config.json",))]
         if (cfg.get("draft") or {}).get("kind") == "eagle":
@@ -54,7 +66,8 @@ class LlamaGenWorld(DiscreteWorld):
         kind = draft_kind(cfg, "none", ("eagle", "self", "none"), t.name,
                           f"an EAGLE folder (draft={t.name} draft.path=...) or itself (draft=self)")
         device = t.get("device", "cuda")
-        gpt = load_gpt(t.files.gpt, gpt_config(t.gpt_config), DTYPES[t.get("dtype", "bfloat16")], device)
+        gpt = load_gpt(t.files.gpt, gpt_config(t.gpt_config, t.get("variant", "upstream")),
+                       DTYPES[t.get("dtype", "bfloat16")], device)
         vq_cfg = t.get("vq_config")
         vq = load_llamagen_vq(t.files.vq, VQConfig(**{k: tuple(v) if k == "ch_mult" else v for k, v in vq_cfg.items()})
                               if vq_cfg else VQ_16, device=device)
@@ -89,6 +102,12 @@ class LlamaGenWorld(DiscreteWorld):
 
     def files(self) -> dict:
         return self._files
+
+    def settings(self) -> dict:
+        """The shared settings, plus the GPT's variant when it is not upstream's (so run folders
+        made before the option existed keep their identity, and upstream and lantern never mix)."""
+        variant = self.gpt.config.variant
+        return {**super().settings(), **({"variant": variant} if variant != "upstream" else {})}
 
     def encode(self, captions):
         return self.encoder.encode(captions)

@@ -2,25 +2,29 @@
 
 ``coolsd.models.lumina.load_lumina_target`` (Chameleon backbone + VQGAN decoder, image-code
 vocabulary, adapter-inserted structural tokens) with Chameleon's text tokenizer and the prompt
-template. Every file is checked before anything is loaded. Drafting: ``draft=self`` (the target
-drafts for itself) or model-free methods (``ar``, ``sjd``); an EAGLE head for Lumina (1D RoPE,
-4096 wide) is not available here: LANTERN released none, and training one needs the target on a
-GPU.
+template. Every file is checked before anything is loaded. Drafting (``draft``):
+``draft=lumina_mgpt`` (the default): LANTERN's EAGLE-1 head for Lumina-mGPT
+(``coolsd.drafters.eagle_lumina``; a folder at ``draft.path`` / ``$LUMINA_DRAFTER``, released
+with LANTERN or trained here with ``python -m coolsd.drafters.train target=lumina_mgpt``), with
+the target handing over every prefill slot's feature (the drafter's text prefix); ``draft=self``
+(the target drafts for itself: an engine check, not a speed-up); model-free methods (``ar``,
+``sjd``) need none. Structural tokens (row-end newlines, ``<racm3:break>`` and the grid sizes)
+are inserted by the target and the drafter adapters, never drafted against.
 """
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 import numpy as np
 import torch
 
 from coolsd.decoding.lantern import neighbours_from_codebook
+from coolsd.drafters.eagle_lumina import LUMINA_DRAFTER_SOURCE, LuminaEagleDrafter, load_lumina_eagle_head
 from coolsd.drafting import SamplingConfig
 from coolsd.loading import reading
 from coolsd.models.lumina import LuminaTarget, load_lumina_target, prompt_ids
 from coolsd.worlds.base import DiscreteWorld, draft_kind
-from coolsd.worlds.files import DTYPES, config_need, file_identity, missing_inputs
+from coolsd.worlds.files import DRAFTER_FOLDER, DTYPES, config_need, file_identity, missing_inputs
 from coolsd.worlds.llamagen import REAL_TARGET_HINT
 
 SOURCES = {
@@ -28,6 +32,15 @@ SOURCES = {
     "vqgan": "Meta's Chameleon tokenizer files, tokenizer/vqgan.ckpt (also in huggingface.co/GAIR/Anole-7b-v0.1)",
     "text_tokenizer": "Meta's Chameleon tokenizer files, tokenizer/text_tokenizer.json (also in GAIR/Anole-7b-v0.1)",
 }
+
+
+def _vq_config(t):
+    """The VQGAN's ``VQConfig``: ``target.vq_config`` (tiny test files) or Chameleon's."""
+    from coolsd.models.chameleon_vq import CHAMELEON_VQGAN, VQConfig
+
+    vq = t.get("vq_config")
+    return VQConfig(**{k: tuple(v) if k in ("ch_mult", "attn_resolutions") else v for k, v in vq.items()}) \
+        if vq else CHAMELEON_VQGAN
 
 
 class TextPrompts:
@@ -47,46 +60,66 @@ class TextPrompts:
 
 class LuminaWorld(DiscreteWorld):
     next_step = REAL_TARGET_HINT
+    trains_drafters = True
+
+    @classmethod
+    def training_captions(cls, n: int, seed: int, path=None) -> list[str]:
+        """``train.captions``: a COCO captions file or one caption per line (never evaluation captions)."""
+        from coolsd.drafters.training import read_captions
+
+        return read_captions(path)
+
+    @classmethod
+    def image_tokens(cls, cfg) -> int:
+        """(image_size / the VQGAN's downsampling)^2: 48 x 48 = 2304 at 768 px (row ends excluded:
+        the adapter inserts them, they are never drafted)."""
+        return (int(cfg.target.image_size) // _vq_config(cfg.target).downsample) ** 2
 
     @classmethod
     def missing_files(cls, cfg) -> list[str]:
-        out = missing_inputs(cfg, [
+        needs = [
             config_need(cfg, "target.files.model", "model", SOURCES["model"], folder=True, contains=("config.json",)),
             config_need(cfg, "target.files.vqgan", "vqgan", SOURCES["vqgan"], folder=False),
-            config_need(cfg, "target.files.text_tokenizer", "text_tokenizer", SOURCES["text_tokenizer"], folder=False)])
+            config_need(cfg, "target.files.text_tokenizer", "text_tokenizer", SOURCES["text_tokenizer"], folder=False)]
         if (cfg.get("draft") or {}).get("kind") == "eagle":
-            out.append("drafter: no EAGLE head for Lumina-mGPT is available (use draft=self, or method=ar / sjd)")
-        return out
+            needs.append(config_need(cfg, "draft.path", "drafter", LUMINA_DRAFTER_SOURCE, folder=True,
+                                     contains=DRAFTER_FOLDER))
+        return missing_inputs(cfg, needs)
 
     @classmethod
     def load(cls, cfg) -> "LuminaWorld":
         from tokenizers import Tokenizer
 
-        from coolsd.models.chameleon_vq import CHAMELEON_VQGAN, VQConfig
-
         t = cfg.target
         f, size = t.files, int(t.image_size)
-        vq_cfg = t.get("vq_config")
-        vq_cfg = VQConfig(**{k: tuple(v) if k in ("ch_mult", "attn_resolutions") else v for k, v in vq_cfg.items()}) \
-            if vq_cfg else CHAMELEON_VQGAN
+        vq_cfg = _vq_config(t)
         if size % (2 * vq_cfg.downsample):
             raise ValueError(f"image_size {size} must be a multiple of {2 * vq_cfg.downsample} (whole 2x2-token grid cells)")
-        kind = draft_kind(cfg, "none", ("self", "none"), t.name, "itself (draft=self)")
+        kind = draft_kind(cfg, "none", ("eagle", "self", "none"), t.name,
+                          f"an EAGLE folder (draft={t.name} draft.path=...) or itself (draft=self)")
         latent = size // vq_cfg.downsample  # 48 at 768 px
         with reading(f.text_tokenizer, "Chameleon's text tokenizer (text_tokenizer.json)", SOURCES["text_tokenizer"]):
             encoder = TextPrompts(Tokenizer.from_file(os.fspath(f.text_tokenizer)), size, size)  # first: seconds, not minutes
         target = load_lumina_target(f.model, f.vqgan, h_latent=latent, w_latent=latent, cfg_scale=float(t.cfg_scale),
                                     vq_config=vq_cfg, dtype=DTYPES[t.get("dtype", "bfloat16")],
-                                    device=t.get("device", "cuda"))
+                                    device=t.get("device", "cuda"),
+                                    # the EAGLE drafter's text prefix: every prefill slot's feature
+                                    prefill_features="all" if kind == "eagle" else "last")
         drafter = None
+        files = {k: file_identity(v) for k, v in f.items()}
         if kind == "self":  # a second target over the same weights: its own caches
             drafter = LuminaTarget(target.model, target.vocab, h_latent=latent, w_latent=latent,
                                    cfg_scale=target.cfg_scale, tokens=target.tokens)
+        elif kind == "eagle":
+            d = cfg.draft
+            head = load_lumina_eagle_head(d.path, target, variant=t.get("variant", "upstream"))
+            drafter = LuminaEagleDrafter.for_target(head, target)
+            files["drafter"] = file_identity(d.path)
         sampling = SamplingConfig.resolve(t.get("sampling"), cfg.get("sampling"))
-        return cls(t.name, target, encoder, sampling, {k: file_identity(v) for k, v in f.items()}, drafter)
+        return cls(t.name, target, encoder, sampling, files, drafter)
 
     def __init__(self, name: str, target: LuminaTarget, encoder, sampling: SamplingConfig, files: dict,
-                 drafter: Optional[LuminaTarget] = None):
+                 drafter=None):
         self.name, self.target, self.encoder, self.sampling = name, target, encoder, sampling
         self._files, self._drafter = files, drafter
         self.cfg_scale = target.cfg_scale
@@ -102,11 +135,15 @@ class LuminaWorld(DiscreteWorld):
 
     @torch.no_grad()
     def decode_uint8(self, tokens: torch.Tensor) -> np.ndarray:
-        """The VQGAN decoder's [0, 1] floats -> uint8 (B, H, W, 3)."""
-        x = self.target.decode(tokens).float()
-        return (x * 255).round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+        """The VQGAN decoder's pixels -> uint8 (B, H, W, 3) exactly as upstream: clamp to [0, 1]
+        first (``chameleon_vae_ori/image_tokenizer.py`` ``_pil_from_chw_tensor``: clamp to
+        [-1, 1], then ``(x + 1) / 2``; ``decode_codes`` does both), then TRUNCATE
+        ``(x * 255).astype(np.uint8)`` -- not round: rounding makes ~45% of the values 1 higher."""
+        x = self.target.decode(tokens).float().clamp(0.0, 1.0)
+        return (x * 255).floor().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
 
     def drafter(self):
         if self._drafter is None:
-            raise ValueError(f"this method drafts with a model; for {self.name} use draft=self")
+            raise ValueError(f"this method drafts with a model, but target {self.name} has no drafter configured "
+                             f"(draft={self.name} draft.path=... or draft=self)")
         return self._drafter

@@ -1,0 +1,209 @@
+"""``make sota-table TARGETS=toy|lumina_mgpt|llamagen_xl`` (issue 18, item 7): the field's best
+parallel decoders beside the drafted methods, on ONE loaded target, with ONE protocol.
+
+Rows (``SOTA_ROWS``): AR, EAGLE-1, COOL-SD at delta 1.1 and 2, SJD (random and SJD's best
+initialisation, vertical_repeat: its issue #1 / Fig. 9), MC-SJD (maximal coupling), GSD. SJD-PAC
+is not built (issue 18, item 3), so it has no row. Columns: accepted tokens per target forward
+(image tokens / target forwards, per image: for drafted methods this differs from the accepted
+length only by the prefill), target forwards per image, latency, the speed-up over the AR row
+paired by prompt, the protocol's quality metrics (toy: toy_fid / toy_clip; real targets: the
+LANTERN protocol's FID / CLIP of ``coolsd.evaluate``), the exact distortion summed over the image
+(``step_tv``; 0 for lossless methods), all with 95% CIs. Each paper's own numbers sit in a
+separate column labelled with ITS protocol and baseline (``REPORTED``): they are comparable only
+within one paper (Lumina-mGPT's AR latency is 102, 122, 170 or 197 s depending on the paper).
+
+The toy world runs every row in one interleaved sweep (``coolsd.report.sweep.toy_sweep``: batch 1,
+one thread, same prompts and seeds). A real target runs the rows through the generation job on
+one loaded world (``coolsd.report.real_sweep``), after checking every file first.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from coolsd.records import read_records, write_json_atomic
+from coolsd.report.compare import paired_comparison
+from coolsd.report.paper import tag_of
+from coolsd.report.sweep import ROOT, ci_text, sweep_frame, toy_sweep
+from coolsd.stats import POSITIVE, mean_ci
+
+# (label, method, params); the Jacobi methods' window: 16 on real targets (SJD's default), 8 on
+# the toy world's 64-token images (``toy_params``)
+SOTA_ROWS = [
+    ("AR", "ar", {}),
+    ("EAGLE-1", "eagle", {}),
+    ("COOL-SD delta=1.1", "coolsd", {"delta": 1.1}),
+    ("COOL-SD delta=2", "coolsd", {"delta": 2.0}),
+    ("SJD (random init)", "sjd", {}),
+    ("SJD (vertical_repeat)", "sjd", {"init": "vertical_repeat"}),
+    ("MC-SJD (maximal)", "mc_sjd", {"coupling": "maximal"}),
+    ("GSD (G=14)", "gsd", {"G": 14}),
+]
+JACOBI = ("sjd", "mc_sjd", "gsd")
+TOY_WINDOW = 8
+
+# each paper's own numbers on Lumina-mGPT / LlamaGen-XL, with the protocol they were measured under
+# (research notes: ../shared/research/sota_2026.md; COOL-SD Table 2: coolsd.report.paper)
+_LANTERN = "LANTERN protocol (clean-fid, CLIP ViT-B/32 raw cosine, 5k COCO captions; COOL-SD Table 2, A100)"
+_SJD = "SJD protocol (pytorch-fid, torchmetrics CLIP ViT-B/16 x100, COCO 2017 val)"
+REPORTED = {
+    "lumina_mgpt": {
+        "eagle": {"speedup": 2.37, "accepted_length": 2.76, "fid": 29.05, "protocol": _LANTERN},
+        "coolsd_1.1": {"speedup": 2.69, "accepted_length": 3.11, "fid": 30.30, "protocol": _LANTERN},
+        "sjd": {"speedup": 2.05, "tokens_per_forward": 2.2, "protocol": _SJD + "; SJD paper (about 2x)"},
+        "mc_sjd_maximal": {"speedup": 4.21, "tokens_per_forward": 2390 / 568, "fid": 30.83, "clip_x100": 31.37,
+                           "protocol": _SJD + "; MC-SJD paper, AR 2390 -> 568 forwards, AR FID 30.79"},
+        "gsd_14": {"speedup": 122.45 / 32.52, "fid": 33.55,
+                   "protocol": _SJD + "; GSD paper at G=25 (122.45 s -> 32.52 s), AR FID 30.79"},
+    },
+    "llamagen_xl": {
+        "eagle": {"speedup": 2.03, "accepted_length": 2.42, "fid": 20.97, "protocol": _LANTERN},
+        "coolsd_1.1": {"speedup": 2.27, "accepted_length": 2.73, "fid": 21.02, "protocol": _LANTERN},
+        "coolsd_2": {"speedup": 2.72, "accepted_length": 3.34, "fid": 21.20, "protocol": _LANTERN},
+    },
+}
+COLUMNS = {"tokens_per_forward": "tokens / target forward", "target_forwards": "target forwards / image",
+           "latency_s": "latency (s)", "speedup": "speed-up vs AR", "step_tv": "step TV (sum/image)"}
+QUALITY = {"toy": ("toy_fid", "toy_clip"), "real": ("fid", "clip_score")}
+
+
+def rows_for(target: str) -> list[tuple[str, str, str, dict]]:
+    """(label, tag, method, params) of every row on ``target`` (the toy world: window 8)."""
+    out = []
+    for label, method, params in SOTA_ROWS:
+        p = dict(params)
+        if target == "toy" and method in JACOBI:
+            p.setdefault("window", TOY_WINDOW)
+        out.append((label, tag_of(method, params), method, p))
+    return out
+
+
+def tokens_per_forward(records: list[dict], n_tokens: int) -> dict:
+    """Per image n_tokens / target forwards (mean [95% CI], positive)."""
+    return mean_ci([n_tokens / r["target_forwards"] for r in records], domain=POSITIVE, name="tokens per forward")
+
+
+def build_table(target: str, table: dict, per_tag_records: dict, n_tokens: int) -> pd.DataFrame:
+    df = sweep_frame(table).set_index("tag")
+    quality = QUALITY["toy" if target == "toy" else "real"]
+    rows = []
+    for label, tag, method, _ in rows_for(target):
+        row = {"target": target, "method": label, "tag": tag}
+        tpf = tokens_per_forward(per_tag_records[tag], n_tokens)
+        row.update(tokens_per_forward=tpf["mean"], tokens_per_forward_lo=tpf.get("lo"), tokens_per_forward_hi=tpf.get("hi"))
+        for k in (*COLUMNS, *quality):
+            if k == "tokens_per_forward":
+                continue
+            have = k in df.columns and tag in df.index and pd.notna(df.loc[tag, k])
+            for suffix in ("", "_lo", "_hi"):
+                row[k + suffix] = float(df.loc[tag, k + suffix]) if have and k + suffix in df.columns else None
+        rep = REPORTED.get(target, {}).get(tag)
+        row["reported"] = (", ".join(f"{k} {v:.2f}" for k, v in rep.items() if k != "protocol") + f" [{rep['protocol']}]"
+                           if rep else "-")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def write_tables(df: pd.DataFrame, out: Path, quality: tuple[str, ...]) -> None:
+    cols = [*COLUMNS, *quality]
+    heads = [*COLUMNS.values(), *quality]
+    md = ["| target | method | " + " | ".join(heads) + " | reported by its paper (its protocol) |",
+          "|---|---|" + "---|" * len(cols) + "---|"]
+    for _, r in df.iterrows():
+        cells = [ci_text(r, c, "{:.2f}" if c != "latency_s" else "{:.3f}") if r.get(c) is not None else "-" for c in cols]
+        md.append(f"| {r['target']} | {r['method']} | " + " | ".join(cells) + f" | {r['reported']} |")
+    note = ("Ours: mean [95% CI] over prompts, every row on the same target, prompts and seeds, one protocol; "
+            "speed-up paired by prompt against the AR row. Reported: each paper's own numbers, comparable only within "
+            "that paper (different baselines, hardware and protocols). SJD-PAC is not built, so it has no row.")
+    (out / "sota.md").write_text(note + "\n\n" + "\n".join(md) + "\n")
+    df.to_csv(out / "sota.csv", index=False)
+
+
+def main(argv=None):
+    from coolsd.report.table2 import check_target, metric_inputs, real_scorers, report_args
+
+    a = report_args(__doc__, "sota", 120).parse_args(argv)
+    targets = [t.strip() for t in a.targets.split(",") if t.strip()]
+    records_root = a.records or ROOT / "outputs" / "sota" / time.strftime("%Y-%m-%d_%H-%M-%S")
+    for t in targets:
+        check_target(t)
+    missing = []
+    for t in (t for t in targets if t != "toy"):
+        cfg = real_configs(t, a.prompts or 5000, records_root / t, a.override)[0][1]
+        from coolsd.report.real_sweep import missing_inputs
+
+        missing += [f"{t}: {m}" for m in missing_inputs(cfg, metric_inputs(a))]
+    if missing:
+        raise SystemExit("make sota-table cannot run; missing:\n  " + "\n  ".join(missing))
+    scorers = real_scorers(a) if any(t != "toy" for t in targets) else None
+    a.out.mkdir(parents=True, exist_ok=True)
+    frames, summaries, tests = [], {}, {}
+    for t in targets:
+        res, recs, n_tokens = run_target(t, a.prompts, records_root / t, scorers, a.override)
+        tests[t] = coupling_test(recs)
+        summaries[t] = {"env": res["env"], "results": res["table"], "mc_sjd_minus_sjd_target_forwards": tests[t]}
+        frames.append(build_table(t, res["table"], recs, n_tokens))
+    df = pd.concat(frames, ignore_index=True)
+    write_tables(df, a.out, QUALITY["toy"] if targets == ["toy"] else tuple(dict.fromkeys(
+        q for t in targets for q in QUALITY["toy" if t == "toy" else "real"])))
+    write_json_atomic(summaries, a.out / "summary.json")
+    with open(a.out / "sota.md", "a") as f:
+        for t, x in tests.items():
+            f.write(f"\n{t}: {coupling_line(x)}\n")
+    print((a.out / "sota.md").read_text())
+    print(json.dumps({"wrote": str(a.out), "records": str(records_root)}))
+
+
+def coupling_test(per_tag_records: dict) -> dict:
+    """MC-SJD against SJD (same init) on the same prompts and seeds: target forwards per image,
+    the paired difference with its 95% CI and the paired t-test (``coolsd.report.compare``)."""
+    a, b = tag_of("mc_sjd", {"coupling": "maximal"}), tag_of("sjd", {})
+    return paired_comparison(per_tag_records[a], a, per_tag_records[b], b, metric="target_forwards")
+
+
+def coupling_line(x: dict) -> str:
+    d = x["diff"]
+    ci = f"[{d['lo']:+.2f}, {d['hi']:+.2f}]" if "lo" in d else "(no CI)"
+    return (f"target forwards per image, MC-SJD (maximal) - SJD (random init), paired by prompt: {d['mean']:+.2f} {ci} "
+            f"(means {x['mean_a']:.2f} vs {x['mean_b']:.2f}, paired t-test p = {x['p_value']:.3g}, n = {x['n']})")
+
+
+def real_configs(target: str, prompts: int, records: Path, overrides=()) -> list[tuple[str, object]]:
+    """(tag, composed job config) per row on a real target: ``experiments/experiment/sota_<target>.yaml``
+    (target, COCO prompts, AR as its own row) with the row's method and parameters."""
+    from coolsd.runner import compose
+
+    exp = ROOT / "experiments" / "experiment" / f"sota_{target}.yaml"
+    if not exp.is_file():
+        raise ValueError(f"no state-of-the-art sweep for target {target!r} ({exp.relative_to(ROOT)} is missing)")
+    out = []
+    for _, tag, method, params in rows_for(target):
+        sets = [f"method.{k}={v}" for k, v in params.items()]
+        out.append((tag, compose(f"+experiment=sota_{target}", f"method={method}", *sets, f"dataset.n_prompts={prompts}",
+                                 f"+out_dir={records / tag}", *overrides)))
+    return out
+
+
+def run_target(target: str, prompts, records: Path, scorers, overrides=()):
+    """(sweep result as ``toy_sweep`` / ``real_table2_sweep`` return it, records per tag, tokens per image)."""
+    if target == "toy":
+        res = toy_sweep([(tag, m, p) for _, tag, m, p in rows_for("toy")], prompts or 120, records)
+        by_tag: dict = {}
+        for r in read_records(records / "samples.jsonl"):
+            by_tag.setdefault(r["method"], []).append(r)
+        return res, by_tag, res["world"].target.n_image_tokens
+    from coolsd.report.real_sweep import real_table2_sweep
+
+    configs = real_configs(target, prompts or 5000, records, overrides)
+    res = real_table2_sweep(target, prompts or 5000, records, scorers, overrides, configs=configs)
+    by_tag = {tag: read_records(Path(res["runs"][tag]) / "samples.jsonl") for tag, _ in configs}
+    from coolsd.worlds import world_class
+
+    return res, by_tag, world_class(target).image_tokens(configs[0][1])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,868 @@
+#!/usr/bin/env python
+"""Regenerate the upstream-parity fixtures in ``tests/fixtures/upstream/`` from upstream checkouts.
+
+The UPSTREAM classes are imported from the checkouts the user points at (``sys.path``; no upstream
+code lives in this repository). Each family builds a tiny random-weight model with fixed seeds in
+fp32, runs it with upstream's own inference code, and writes one safetensors file with
+
+* ``w.<key>``: the weights in the upstream state-dict layout (what the upstream class holds; the
+  weights are rounded to fp16 values before the run and stored as fp16, losslessly: half the bytes),
+* ``in.<name>``: the inputs, ``out.<name>``: the upstream outputs,
+* metadata ``config`` (JSON: the tiny config), ``tolerance`` (what the test asserts), ``upstream``,
+
+plus ``MANIFEST.json`` (upstream repository, commit, the command that made each file, shapes and
+the tolerance). ``tests/test_upstream_parity.py`` reads only these files.
+
+Families: ``--llamagen`` (GPT t2i, VQ-16, T5 caption path), ``--lantern`` (its LlamaGen variant,
+EAGLE heads for LlamaGen and Lumina-mGPT), ``--lumina`` (vendored Chameleon with Lumina's CFG
+processor and row ends, Chameleon VQGAN), ``--mar`` (MAR, DiffLoss, KL-16), ``--hf-chameleon``
+(transformers' Chameleon, from the installed package).
+
+Usage (each option optional; families not given keep their existing files)::
+
+    python tools/make_upstream_fixtures.py --llamagen /tmp/upstream/llamagen --lantern /tmp/upstream/lantern \
+        --lumina /tmp/upstream/lumina --mar /tmp/upstream/mar --hf-chameleon
+
+Environment: LANTERN's and Lumina's modelling code needs transformers 4.45.2 (LANTERN's pin;
+transformers 5.x cannot build its configs), MAR's needs timm. Run this script with an interpreter
+that has them, e.g. a scratch venv outside the repository that sees our venv's torch (see
+tests/fixtures/upstream/README.md). Upstream imports this script cannot satisfy are stubbed for
+that import only, each documented where it is done: LANTERN's T5 embedder (loads FLAN-T5-XL),
+Lumina's ``data.item_processor`` (tokenizer files), torchvision for timm.
+
+The commit recorded for a checkout is ``git -C <checkout> rev-parse HEAD`` or, for an exported
+tree (``git archive``), the 40-hex first line of ``<checkout>/UPSTREAM_COMMIT``.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import importlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = REPO_ROOT / "tests" / "fixtures" / "upstream"
+UPSTREAM_REPOS = {"llamagen": "FoundationVision/LlamaGen", "lantern": "jadohu/LANTERN", "lumina": "Alpha-VLLM/Lumina-mGPT",
+                  "mar": "LTH14/mar"}
+
+
+# ------------------------------------------------------------------------------------ helpers
+def checkout_commit(path: Path) -> str:
+    try:
+        out = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+        return out.stdout.strip()
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        pass
+    marker = path / "UPSTREAM_COMMIT"
+    if marker.is_file():
+        sha = marker.read_text().split()[0]
+        if len(sha) == 40:
+            return sha
+    raise SystemExit(f"cannot tell the commit of {path}: not a git checkout and no UPSTREAM_COMMIT file "
+                     f"(write the 40-hex commit into {marker})")
+
+
+@contextlib.contextmanager
+def upstream_path(root: Path, purge: tuple[str, ...]):
+    """Import upstream modules from ``root``: prepended to sys.path, and the top-level package names
+    ``purge`` (e.g. ``models``, ``utils``) dropped from sys.modules before and after, so two
+    checkouts with the same package names do not see each other's modules."""
+    def drop():
+        for name in list(sys.modules):
+            if name.split(".")[0] in purge:
+                del sys.modules[name]
+    drop()
+    sys.path.insert(0, str(root))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(root))
+        drop()
+
+
+def randomize(module: torch.nn.Module, seed: int, std: float = 0.15, norm_keys=("norm", "layernorm")) -> None:
+    """Seeded random weights: normalisation weights 1 + 0.2 N(0, 1), every other floating
+    parameter std * N(0, 1) (upstream's zero-initialised output layer would give zero logits)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(module.named_parameters()):
+            noise = torch.randn(p.shape, generator=g, dtype=torch.float32)
+            if any(k in name for k in norm_keys) and name.endswith("weight"):
+                p.copy_(1 + 0.2 * noise)
+            else:
+                p.copy_(std * noise)
+
+
+def round_fp16(module: torch.nn.Module) -> None:
+    """Round every floating PARAMETER to the nearest fp16 value (kept in fp32), BEFORE the upstream
+    run: the model is still an fp32 model, and its weights are stored losslessly in half the bytes
+    (``save`` writes exactly representable weights as fp16; the test casts them back to fp32).
+    Buffers are left alone (RoPE inverse frequencies and the like are computed constants)."""
+    with torch.no_grad():
+        for t in module.parameters():
+            if t.is_floating_point():
+                t.copy_(t.half().float())
+
+
+def save(out_dir: Path, name: str, family: str, weights: dict, inputs: dict, outputs: dict, config: dict,
+         manifest: dict, repo: str, commit: str, source: str, tolerance: float, note: str) -> None:
+    from safetensors.torch import save_file
+
+    tensors = {}
+    for prefix, group in (("w.", weights), ("in.", inputs), ("out.", outputs)):
+        for k, v in group.items():
+            v = v.detach().contiguous().clone()
+            if prefix == "w." and v.dtype == torch.float32 and torch.equal(v.half().float(), v):
+                v = v.half()  # lossless (round_fp16); the test reads weights back as fp32
+            tensors[prefix + k] = v
+    meta = {"family": family, "config": json.dumps(config, sort_keys=True), "tolerance": repr(tolerance),
+            "upstream": f"{repo}@{commit}"}
+    path = out_dir / f"{name}.safetensors"
+    save_file(tensors, str(path), metadata=meta)
+    os.chmod(path, 0o644)
+    manifest["files"][path.name] = {
+        "family": family, "upstream_repo": repo, "upstream_commit": commit, "upstream_source": source,
+        "command": manifest["command"], "tolerance_max_abs": tolerance, "note": note, "config": config,
+        "bytes": path.stat().st_size,
+        "shapes": {k: list(v.shape) for k, v in tensors.items() if not k.startswith("w.")},
+        "n_weights": sum(v.numel() for k, v in tensors.items() if k.startswith("w.")),
+    }
+    print(f"wrote {path} ({path.stat().st_size / 1e3:.0f} kB)")
+
+
+def left_padded_mask(valid: list[int], T: int) -> torch.Tensor:
+    mask = torch.zeros(len(valid), T, dtype=torch.long)  # the T5 tokenizer's attention mask, flipped
+    for b, n in enumerate(valid):
+        mask[b, T - n:] = 1
+    return mask
+
+
+# tree verified in the GPT fixture: parent of each node (node 0 = root at depth 0), 9 nodes, depth 4
+TREE_PARENTS = [-1, 0, 0, 1, 1, 2, 3, 3, 6]
+
+
+def tree_paths(parents: list[int]) -> list[list[int]]:
+    paths = []
+    for i in range(len(parents)):
+        p, j = [], i
+        while j >= 0:
+            p.append(j)
+            j = parents[j]
+        paths.append(p[::-1])
+    return paths
+
+
+# ------------------------------------------------------------------------------------ LlamaGen GPT
+def make_llamagen_gpt(root: Path, out_dir: Path, manifest: dict) -> None:
+    """Upstream ``autoregressive/models/gpt.py`` Transformer (t2i) run through upstream
+    ``generate.generate`` (prefill + KV-cache decode, CFG, left-padded caption mask with the forced
+    diagonal). ``generate.sample`` is replaced by a recorder that stores the CFG-combined logits of
+    each step and returns the fixture's forced tokens, so every logit comes from upstream code."""
+    commit = checkout_commit(root)
+    with upstream_path(root, ("autoregressive", "utils", "tokenizer", "language", "dataset")):
+        gpt = importlib.import_module("autoregressive.models.gpt")
+        gen = importlib.import_module("autoregressive.models.generate")
+        cfg = dict(dim=64, n_layer=2, n_head=4, vocab_size=256, cls_token_num=120, caption_dim=16,
+                   block_size=16, multiple_of=16, norm_eps=1e-5, rope_base=10000.0)
+        torch.manual_seed(0)
+        model = gpt.Transformer(gpt.ModelArgs(model_type="t2i", **cfg)).eval()
+        randomize(model, seed=1)
+        round_fp16(model)
+        T, N, V = cfg["cls_token_num"], cfg["block_size"], cfg["vocab_size"]
+        g = torch.Generator().manual_seed(2)
+        valid = [5, T, 1]
+        emb_mask = left_padded_mask(valid, T)
+        # as autoregressive/sample/sample_t2i.py: c_indices = caption_embs * emb_masks[:, :, None]
+        caption = torch.randn(len(valid), T, cfg["caption_dim"], generator=g) * emb_mask[:, :, None]
+        tokens = torch.randint(0, V, (len(valid), N), generator=g)
+
+        def run(forced: torch.Tensor, cfg_scale: float) -> torch.Tensor:
+            """Upstream generate() with ``forced`` (B, n) as the sampled tokens: logits (B, n, V),
+            entry k = the distribution of token k given the caption and forced[:, :k]."""
+            logits, step = [], [0]
+
+            def recorder(lg, **kw):
+                lg = lg[:, -1, :]
+                logits.append(lg.clone())
+                k = step[0]
+                step[0] += 1
+                return forced[:, k:k + 1].to(torch.int), torch.softmax(lg, -1)
+
+            orig = gen.sample
+            gen.sample = recorder
+            try:
+                with torch.no_grad():
+                    gen.generate(model, caption, forced.shape[1], emb_masks=emb_mask.clone(), cfg_scale=cfg_scale)
+            finally:
+                gen.sample = orig
+            return torch.stack(logits, 1)
+
+        out = {"decode_logits_cfg7.5": run(tokens, 7.5), "decode_logits_cfg1": run(tokens, 1.0)}
+        # tree: prefix of 3 image tokens, then 9 tree tokens; node i's logits = upstream run on the branch
+        prefix = tokens[:, :3]
+        tree_tokens = torch.randint(0, V, (len(valid), len(TREE_PARENTS)), generator=g)
+        tree_logits = torch.zeros(len(valid), len(TREE_PARENTS), V)
+        for i, path in enumerate(tree_paths(TREE_PARENTS)):
+            seq = torch.cat([prefix, tree_tokens[:, path], torch.zeros(len(valid), 1, dtype=torch.long)], 1)
+            tree_logits[:, i] = run(seq, 7.5)[:, -1]
+        out["tree_logits_cfg7.5"] = tree_logits
+        weights = dict(model.state_dict())
+        weights = {k: v for k, v in weights.items() if "kv_cache" not in k and k != "freqs_cis"}
+        inputs = {"caption": caption, "emb_mask": emb_mask, "tokens": tokens, "tree_prefix": prefix,
+                  "tree_tokens": tree_tokens, "tree_parents": torch.tensor(TREE_PARENTS)}
+        scale = out["decode_logits_cfg7.5"].abs().max().item()
+        save(out_dir, "llamagen_gpt_t2i", "llamagen_gpt", weights, inputs, out, dict(cfg, logit_scale=scale, cfg_scale=7.5),
+             manifest, UPSTREAM_REPOS["llamagen"], commit,
+             "autoregressive/models/gpt.py (Transformer, t2i), autoregressive/models/generate.py (generate, sample recorded)",
+             tolerance=2e-4,
+             note="3 captions with 5/120/1 valid slots (left padded); prefill + 15 KV decode steps at CFG 7.5 and "
+                  "unguided; 9-node depth-4 tree after a 3-token prefix, each node's logits from upstream run on its branch")
+
+
+# ------------------------------------------------------------------------------------ VQ-16
+def make_llamagen_vq(root: Path, out_dir: Path, manifest: dict) -> None:
+    """Upstream ``tokenizer/tokenizer_image/vq_model.py`` VQModel.decode_code. The architecture is
+    VQ-16's (l2-normalised codebook, GroupNorm 32, mid attention) at small widths: the upstream
+    Encoder/Decoder classes built with ch=32, one res block per level (VQModel does not expose ch)."""
+    commit = checkout_commit(root)
+    with upstream_path(root, ("tokenizer", "utils")):
+        vq = importlib.import_module("tokenizer.tokenizer_image.vq_model")
+        cfg = dict(codebook_size=64, codebook_dim=8, ch=32, ch_mult=[1, 2], z_channels=32, num_res_blocks=1)
+        torch.manual_seed(0)
+        args = vq.ModelArgs(codebook_size=cfg["codebook_size"], codebook_embed_dim=cfg["codebook_dim"],
+                            encoder_ch_mult=cfg["ch_mult"], decoder_ch_mult=cfg["ch_mult"], z_channels=cfg["z_channels"])
+        model = vq.VQModel(args)
+        model.encoder = vq.Encoder(ch=cfg["ch"], ch_mult=cfg["ch_mult"], num_res_blocks=cfg["num_res_blocks"],
+                                   z_channels=cfg["z_channels"])
+        model.decoder = vq.Decoder(ch=cfg["ch"], ch_mult=cfg["ch_mult"], num_res_blocks=cfg["num_res_blocks"],
+                                   z_channels=cfg["z_channels"])
+        model.eval()
+        g = torch.Generator().manual_seed(3)
+        with torch.no_grad():  # GroupNorm affine and biases random too (defaults are 1 / 0)
+            for name, p in model.named_parameters():
+                if name.endswith("bias") or ("norm" in name and name.endswith("weight")):
+                    base = 1.0 if name.endswith("weight") else 0.0
+                    p.copy_(base + 0.1 * torch.randn(p.shape, generator=g))
+        round_fp16(model)
+        codes = {"codes_4x4": torch.randint(0, cfg["codebook_size"], (2, 16), generator=g),
+                 "codes_5x5": torch.randint(0, cfg["codebook_size"], (1, 25), generator=g)}
+        out = {}
+        with torch.no_grad():
+            for name, c in codes.items():
+                gs = round(c.shape[1] ** 0.5)
+                out[name.replace("codes", "decoded")] = model.decode_code(c, [c.shape[0], cfg["codebook_dim"], gs, gs])
+        # decode path only (the encoder and the codebook_used bookkeeping buffer are not saved: size)
+        weights = {k: v for k, v in model.state_dict().items()
+                   if k.split(".")[0] in ("decoder", "post_quant_conv") or k == "quantize.embedding.weight"}
+        save(out_dir, "llamagen_vq", "llamagen_vq", weights, codes, out, cfg, manifest,
+             UPSTREAM_REPOS["llamagen"], commit, "tokenizer/tokenizer_image/vq_model.py (VQModel.decode_code)",
+             tolerance=2e-5, note="decode 2x(4x4) and 1x(5x5) code grids")
+
+
+# ------------------------------------------------------------------------------------ LANTERN
+def _lantern_imports():
+    """LANTERN's ``modeling_llamagen_kv`` imports VQ_16 and T5Embedder at module level and builds a
+    FLAN-T5-XL embedder in ``LlamaForCausalLM.__init__``; the fixture needs neither, so the T5
+    module is replaced by a stub (``T5Embedder`` returns None) for this import only."""
+    stub = types.ModuleType("models.base_models.llamagen.t5")
+    stub.T5Embedder = lambda *a, **k: None
+    sys.modules["models.base_models.llamagen.t5"] = stub
+    kv = importlib.import_module("models.kv_variants.modeling_llamagen_kv")
+    return kv
+
+
+def make_lantern_llamagen(root: Path, out_dir: Path, manifest: dict) -> None:
+    """LANTERN's LlamaGen variant (``models/kv_variants/modeling_llamagen_kv.py``, the HF-style
+    model its drafters' training features come from): prefill of left-padded captions with CFG
+    (``[cond; uncond]`` with the same mask, as ``ea_model_llamagen.py`` builds them), and the
+    teacher-forced full sequence as ``entrypoints/generate_train_data.py`` runs it. Its mask has no
+    self-attention diagonal for padded text slots (``_expand_mask`` + ``_make_causal_mask``)."""
+    commit = checkout_commit(root)
+    with upstream_path(root, ("models", "entrypoints", "third_party")):
+        kv = _lantern_imports()
+        from transformers.models.llama import LlamaConfig
+
+        cfg = dict(dim=64, n_layer=2, n_head=4, vocab_size=256, cls_token_num=120, caption_dim=16, block_size=16,
+                   multiple_of=16, norm_eps=1e-5, rope_base=10000.0)
+        ffn = 176  # LlamaGen's find_multiple(int(2 * 4 * 64 / 3), 16)
+        hf = LlamaConfig(vocab_size=cfg["vocab_size"], hidden_size=cfg["dim"], intermediate_size=ffn,
+                         num_hidden_layers=cfg["n_layer"], num_attention_heads=cfg["n_head"],
+                         rms_norm_eps=cfg["norm_eps"], attention_bias=False, pretraining_tp=1)
+        for k, v in dict(block_size=cfg["block_size"], num_classes=1000, input_type="t2i",
+                         cls_token_num=cfg["cls_token_num"], caption_dim=cfg["caption_dim"], class_dropout_p=0.1,
+                         token_dropout_p=0.1, resid_dropout_p=0.1, ffn_dropout_p=0.1, rope_base=cfg["rope_base"]).items():
+            setattr(hf, k, v)
+        torch.manual_seed(0)
+        model = kv.LlamaForCausalLM(hf).eval()
+        randomize(model, seed=4)
+        round_fp16(model)
+        T, N, V = cfg["cls_token_num"], cfg["block_size"], cfg["vocab_size"]
+        g = torch.Generator().manual_seed(5)
+        valid = [5, T, 1]
+        emb_mask = left_padded_mask(valid, T)
+        caption = torch.randn(len(valid), T, cfg["caption_dim"], generator=g) * emb_mask[:, :, None]
+        tokens = torch.randint(0, V, (len(valid), N), generator=g)
+        uncond = torch.zeros_like(caption) + model.model.cls_embedding.uncond_embedding
+        cond_combined = torch.cat([caption, uncond])
+        attn = torch.cat([emb_mask, emb_mask])
+        full_mask = torch.cat([attn, torch.ones(attn.shape[0], N - 1, dtype=attn.dtype)], 1)
+        full_ids = torch.cat([tokens, tokens])[:, :N - 1]
+
+        def forward(mask_dtype):
+            """LANTERN ran in bf16 (``--precision bf16``, the default of generate_images.py and
+            generate_train_data.py): ``_expand_mask`` then fills padded keys with finfo(bf16).min
+            while ``_make_causal_mask`` uses finfo(fp32).min, and the sum and the softmax are fp32.
+            ``mask_dtype=torch.bfloat16`` reproduces exactly that mask in this fp32 run (the
+            constant is exact in fp32); ``None`` is a plain fp32 run (both minima equal)."""
+            orig = kv._expand_mask
+            if mask_dtype is not None:
+                kv._expand_mask = lambda m, dtype, tgt_len=None: orig(m, mask_dtype, tgt_len).to(dtype)
+            try:
+                with torch.no_grad():
+                    pre = model(cond_idx=cond_combined, attention_mask=attn, output_hidden_states=True, return_dict=True)
+                    full = model(cond_idx=cond_combined, input_ids=full_ids, attention_mask=full_mask,
+                                 output_hidden_states=True, return_dict=True)
+            finally:
+                kv._expand_mask = orig
+            return pre, full
+
+        pre, full = forward(torch.bfloat16)
+        pre32, full32 = forward(None)
+        # logits only where they predict image tokens (the text slots' logits are never used)
+        out = {"prefill_hidden": pre.hidden_states[-1], "full_hidden": full.hidden_states[-1],
+               "full_logits_image": full.logits[:, T - 1:],
+               "prefill_hidden_fp32mask": pre32.hidden_states[-1]}
+        save(out_dir, "lantern_llamagen", "lantern_llamagen", dict(model.state_dict()),
+             {"caption": caption, "emb_mask": emb_mask, "tokens": tokens}, out,
+             dict(cfg, ffn_hidden=ffn, cfg_scale="[cond; uncond] rows, uncond = uncond_embedding"), manifest,
+             UPSTREAM_REPOS["lantern"], commit,
+             "models/kv_variants/modeling_llamagen_kv.py (LlamaForCausalLM; T5Embedder stubbed)", tolerance=2e-4,
+             note="rows [cond x3; uncond x3], captions with 5/120/1 valid slots; prefill hidden (after final norm) of "
+                  "every text slot and the teacher-forced sequence [text, x_0..x_14] (logits from slot T-1 on), with the mask "
+                  "constants of LANTERN's bf16 runs (finfo(bf16).min on padded keys); prefill_hidden_fp32mask: the prefill in a plain fp32 run")
+
+
+def make_lantern_eagle(root: Path, out_dir: Path, manifest: dict) -> None:
+    """LANTERN's EAGLE-1 head for LlamaGen (``models/drafters/cnets_llamagen.py`` Model): a
+    whole-sequence forward over (token, feature) pairs. input_type t2i fixes its RoPE grid to 16x16
+    and 119 text slots (zero rotation), so positions 0..118 are text and 119 + j image token j."""
+    commit = checkout_commit(root)
+    with upstream_path(root, ("models", "entrypoints", "third_party")):
+        cn = importlib.import_module("models.drafters.cnets_llamagen")
+        EConfig = importlib.import_module("models.configs.configs").EConfig
+        cfg = dict(hidden_size=64, num_attention_heads=4, intermediate_size=176, vocab_size=256, rms_norm_eps=1e-6,
+                   num_hidden_layers=1, input_type="t2i", hidden_act="silu", bias=True)
+        econf = EConfig(**{k: v for k, v in cfg.items() if k != "bias"})
+        torch.manual_seed(0)
+        head = cn.Model(econf, bias=True).eval()
+        randomize(head, seed=6, std=0.1)
+        round_fp16(head)
+        head.gradient_checkpointing = False
+        g = torch.Generator().manual_seed(7)
+        B, n_text, n_img = 2, 119, 24
+        L = n_text + n_img
+        ids = torch.randint(0, cfg["vocab_size"], (B, L), generator=g)
+        feats = torch.randn(B, L, cfg["hidden_size"], generator=g)
+        lm_head = 0.1 * torch.randn(cfg["vocab_size"], cfg["hidden_size"], generator=g)
+        # the root step of topK_genrate after a prefill with CFG: rows [cond x2; uncond x2] of 120 target
+        # features (119 text slots + the last slot's), ids [0]*119 + [x_0] shared by the halves
+        # (``input_ids[:, 1:]``), logits head(last hidden), then its cfg_logit_process
+        cfg_feats = torch.randn(2 * B, n_text + 1, cfg["hidden_size"], generator=g)
+        x0 = torch.randint(0, cfg["vocab_size"], (B,), generator=g)
+        cfg_ids = torch.zeros(2 * B, n_text + 1, dtype=torch.long)
+        cfg_ids[:, -1] = torch.cat([x0, x0])
+        with torch.no_grad():
+            hidden = head(feats, ids)
+            logits = hidden @ lm_head.T
+            root = cn.cfg_logit_process(head(cfg_feats, cfg_ids)[:, -1] @ lm_head.T, 7.5)
+        save(out_dir, "lantern_eagle_llamagen", "lantern_eagle", dict(head.state_dict()),
+             {"input_ids": ids, "features": feats, "lm_head": lm_head, "cfg_features": cfg_feats, "x0": x0},
+             {"hidden": hidden, "logits": logits, "root_logits_cfg7.5": root},
+             dict(cfg, block_size=256, n_text=n_text), manifest, UPSTREAM_REPOS["lantern"], commit,
+             "models/drafters/cnets_llamagen.py (Model.forward, whole sequence, causal)", tolerance=1e-4,
+             note="2 sequences of 119 text slots + 24 image entries; causal; logits = hidden @ lm_head.T; "
+                  "root logits of topK_genrate after a CFG prefill (cfg_logit_process, scale 7.5)")
+
+
+def make_lantern_eagle_lumina(root: Path, out_dir: Path, manifest: dict) -> None:
+    """LANTERN's EAGLE-1 head for Lumina-mGPT (``models/drafters/cnets_lumina_mgpt.py`` Model, built
+    from an ``EConfig`` as ``ea_model_lumina_mgpt.py`` does, with ``data/configs/lumina_mgpt_config.json``'s
+    settings at tiny size): a whole-sequence causal forward over (BPE id, feature) pairs at positions
+    0..L-1 (1D RoPE); Chameleon decoder layer WITH input_layernorm and (1, head_dim) q/k norms."""
+    commit = checkout_commit(root)
+    with upstream_path(root, ("models", "entrypoints", "third_party")):
+        cn = importlib.import_module("models.drafters.cnets_lumina_mgpt")
+        EConfig = importlib.import_module("models.configs.configs").EConfig
+        cfg = dict(hidden_size=64, num_attention_heads=4, intermediate_size=128, vocab_size=256, rms_norm_eps=1e-5,
+                   rope_theta=10000.0, num_hidden_layers=1, bias=True)
+        econf = EConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                        num_key_value_heads=4, rms_norm_eps=1e-5, rope_theta=10000.0, hidden_act="silu",
+                        max_position_embeddings=4096, attention_bias=False, attention_dropout=0.0, dropout=0.05,
+                        mlp_bias=False, model_parallel_size=1, swin_norm=False, attn_implementation="eager")
+        torch.manual_seed(0)
+        head = cn.Model(econf, bias=True).eval()
+        randomize(head, seed=17, std=0.1)
+        round_fp16(head)
+        head.gradient_checkpointing = False
+        g = torch.Generator().manual_seed(18)
+        B, L = 2, 40
+        ids = torch.randint(0, cfg["vocab_size"], (B, L), generator=g)
+        feats = torch.randn(B, L, cfg["hidden_size"], generator=g)
+        with torch.no_grad():
+            hidden = head(feats, ids)
+        save(out_dir, "lantern_eagle_lumina", "lantern_eagle_lumina", dict(head.state_dict()),
+             {"input_ids": ids, "features": feats}, {"hidden": hidden}, cfg, manifest, UPSTREAM_REPOS["lantern"],
+             commit, "models/drafters/cnets_lumina_mgpt.py (Model.forward, whole sequence, causal)", tolerance=2e-5,
+             note="2 sequences of 40 (id, feature) entries at positions 0..39; eval (no dropout)")
+
+
+# ------------------------------------------------------------------------------------ Lumina-mGPT / Chameleon
+LUMINA_IDS = dict(image_start=8197, image_end=8196, newline=8803, grid_base=8804)
+
+
+def image_name(code: int) -> str:
+    """Chameleon's image-token name of a VQ code: IMGIMG + its digits as letters A..J + Z."""
+    return "IMGIMG" + "".join(chr(ord("A") + int(d)) for d in str(code)) + "Z"
+
+
+def sparse_rows(weights: dict, keys: tuple[str, ...], live: torch.Tensor) -> dict:
+    """The vocabulary-sized matrices zeroed outside ``live`` ids are stored as their live rows
+    (``<key>.rows``) plus ``<key>.index``: the test rebuilds the dense matrix (zeros elsewhere)."""
+    out = {}
+    for k in keys:
+        w = weights.pop(k)
+        assert bool((w[~torch.isin(torch.arange(w.shape[0]), live)] == 0).all())
+        out[f"{k}.rows"], out[f"{k}.index"] = w[live], live
+    return out
+
+
+def make_lumina_chameleon(root: Path, out_dir: Path, manifest: dict) -> None:
+    """Lumina-mGPT's vendored Chameleon (``lumina_mgpt/model/chameleon/modeling_chameleon.py``,
+    q/k-norm weights (1, head_dim)) generating a 4x4-latent image with row ends under Lumina's own
+    CFG logits processor (``inference_solver.py``:
+    ``LLMImageStartTriggeredUnbatchedClassifierFreeGuidanceLogitsProcessor``, its uncond context
+    starting at ``<racm3:break>`` with its own DynamicCache), one step per forced token. The vocabulary
+    is 8960 so the hard-coded ids (8197, 8803, 8804 + grids) exist; the embedding and lm_head rows of
+    ids the fixture never uses are zero and not stored (size)."""
+    commit = checkout_commit(root)
+    with upstream_path(root / "lumina_mgpt", ("model", "data", "xllmx")):
+        # inference_solver imports data.item_processor (xllmx, tokenizers); only the CFG processor is used
+        for name in ("data", "data.item_processor"):
+            stub = types.ModuleType(name)
+            stub.FlexARItemProcessor = None
+            stub.__path__ = []
+            sys.modules[name] = stub
+        mc = importlib.import_module("model.chameleon.modeling_chameleon")
+        cc = importlib.import_module("model.chameleon.configuration_chameleon")
+        solver = importlib.import_module("inference_solver")
+        n_codes, V, h = 32, 8960, 4
+        g = torch.Generator().manual_seed(8)
+        code_to_bpe = 4 + torch.randperm(n_codes, generator=g)
+        vmap = {image_name(c): int(code_to_bpe[c]) for c in range(n_codes)}
+        cfg = dict(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, vocab_size=V,
+                   rms_norm_eps=1e-5, rope_theta=10000.0)
+        conf = cc.ChameleonConfig(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=4, rms_norm_eps=1e-5,
+                                  vocabulary_map=vmap, mask_image_logits=False, model_parallel_size=1,
+                                  vq_config=dict(embed_dim=8, num_embeddings=16, base_channels=32, latent_channels=8,
+                                                 channel_multiplier=[1], num_res_blocks=1, resolution=16),
+                                  attn_implementation="eager")
+        torch.manual_seed(0)
+        model = mc.ChameleonForConditionalGeneration(conf).eval()
+        prompts = [torch.randint(40, 8000, (7,), generator=g), torch.randint(40, 8000, (11,), generator=g)]
+        prompts[0][0] = prompts[1][0] = 0  # a BOS-like first id
+        struct = torch.tensor([LUMINA_IDS["image_start"], LUMINA_IDS["grid_base"] + h // 2,
+                               LUMINA_IDS["grid_base"] + h // 2, LUMINA_IDS["newline"], LUMINA_IDS["image_end"]])
+        live = torch.unique(torch.cat(prompts + [code_to_bpe, struct]))
+        randomize(model, seed=9, std=0.15)
+        with torch.no_grad():
+            dead = ~torch.isin(torch.arange(V), live)
+            model.model.embed_tokens.weight[dead] = 0
+            model.lm_head.weight[dead] = 0
+        round_fp16(model)
+        codes = torch.randint(0, n_codes, (2, h * h), generator=g)
+        cfg_scale = 3.0
+        def run(prompt: torch.Tensor, image_codes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+            """Lumina's generation forced to ``image_codes`` (a newline after every full row but
+            the last), one step per token through a fresh CFG processor: (CFG, cond) logits over
+            the image codes for every step that predicts an image token, (len(image_codes), n_codes)."""
+            seq, kinds = prompt.tolist() + struct[:3].tolist(), []
+            for j, code in enumerate(image_codes):
+                seq.append(int(code_to_bpe[code]))
+                kinds.append(True)
+                if (j + 1) % h == 0 and j + 1 < h * h:
+                    seq.append(LUMINA_IDS["newline"])
+                    kinds.append(False)
+            seq = torch.tensor(seq)[None]
+            proc = solver.LLMImageStartTriggeredUnbatchedClassifierFreeGuidanceLogitsProcessor(
+                cfg_scale, model, LUMINA_IDS["image_start"], LUMINA_IDS["image_end"], LUMINA_IDS["newline"], 32)
+            start = len(prompt) + 3
+            rows_cfg, rows_cond = [], []
+            with torch.no_grad():
+                for i, is_image in enumerate(kinds):  # predicting seq[start + i]
+                    prefix = seq[:, :start + i]
+                    scores = model(prefix).logits[:, -1].float()
+                    guided = proc(prefix, scores.clone())
+                    if is_image:
+                        rows_cfg.append(guided[0, code_to_bpe])
+                        rows_cond.append(scores[0, code_to_bpe])
+            return torch.stack(rows_cfg), torch.stack(rows_cond)
+
+        want_cfg, want_cond = zip(*[run(p, codes[b].tolist()) for b, p in enumerate(prompts)])
+        # a tree after 2 committed image tokens, crossing the first row end (position 3): node i's
+        # logits are those upstream gives after [prefix, branch to i] (after the newline if i ends a row)
+        n_pre = 2
+        tree_codes = torch.randint(0, n_codes, (2, len(TREE_PARENTS)), generator=g)
+        tree_cfg = torch.zeros(2, len(TREE_PARENTS), n_codes)
+        for b, p in enumerate(prompts):
+            for i, path in enumerate(tree_paths(TREE_PARENTS)):
+                branch = codes[b, :n_pre].tolist() + tree_codes[b, path].tolist()
+                tree_cfg[b, i] = run(p, branch + [0])[0][-1]  # + a dummy code: the step predicting it
+        weights = {k: v for k, v in model.state_dict().items() if not k.startswith("model.vqmodel.")}
+        sparse = sparse_rows(weights, ("model.embed_tokens.weight", "lm_head.weight"), live)
+        weights.update(sparse)
+        inputs = {"prompt_0": prompts[0], "prompt_1": prompts[1], "codes": codes, "code_to_bpe": code_to_bpe,
+                  "tree_parents": torch.tensor(TREE_PARENTS), "tree_codes": tree_codes,
+                  "tree_prefix": codes[:, :n_pre]}
+        out = {"image_logits_cfg3": torch.stack(want_cfg), "image_logits_cond": torch.stack(want_cond),
+               "tree_logits_cfg3": tree_cfg}
+        save(out_dir, "lumina_chameleon", "lumina", weights, inputs, out,
+             dict(cfg, h_latent=h, w_latent=h, n_codes=n_codes, cfg_scale=cfg_scale, **LUMINA_IDS), manifest,
+             "Alpha-VLLM/Lumina-mGPT", commit,
+             "lumina_mgpt/model/chameleon/modeling_chameleon.py (ChameleonForConditionalGeneration), "
+             "lumina_mgpt/inference_solver.py (LLMImageStartTriggeredUnbatchedClassifierFreeGuidanceLogitsProcessor)",
+             tolerance=5e-5,
+             note="2 prompts (7 / 11 ids), <racm3:break> h w, a 4x4 latent with a newline after rows 1-3; logits "
+                  "over the 32 image codes (lm_head rows in code order) for every image token, CFG 3 and cond-only; a 9-node "
+                  "depth-4 tree after 2 image tokens crossing the first row end, each node from upstream run on its branch")
+
+
+def make_vqgan(root: Path, out_dir: Path, manifest: dict) -> None:
+    """Lumina's ``chameleon_vae_ori`` (taming VQModel) decode as its ``ImageTokenizer.pil_from_img_toks``
+    runs it (codebook rows -> post_quant_conv -> decoder), at small widths; plus the uint8 pixels its
+    ``_pil_from_chw_tensor`` makes (clamp, (x + 1) / 2, * 255, truncation)."""
+    commit = checkout_commit(root)
+    with upstream_path(root / "lumina_mgpt", ("model",)):
+        vq = importlib.import_module("model.chameleon_vae_ori.vqgan")
+        it = importlib.import_module("model.chameleon_vae_ori.image_tokenizer")
+        dd = dict(double_z=False, z_channels=32, resolution=16, in_channels=3, out_ch=3, ch=32, ch_mult=[1, 2],
+                  num_res_blocks=1, attn_resolutions=[], dropout=0.0)
+        n_embed, embed_dim = 64, 8
+        torch.manual_seed(0)
+        model = vq.VQModel(dd, n_embed, embed_dim).eval()
+        g = torch.Generator().manual_seed(10)
+        with torch.no_grad():
+            model.quantize.embedding.weight.normal_(generator=g)
+            for name, p in model.named_parameters():
+                if name.endswith("bias") or ("norm" in name and name.endswith("weight")):
+                    p.copy_((1.0 if name.endswith("weight") else 0.0) + 0.1 * torch.randn(p.shape, generator=g))
+        round_fp16(model)
+        hh, ww = 4, 6
+        codes = torch.randint(0, n_embed, (2, hh * ww), generator=g)
+        fake = types.SimpleNamespace(_vq_model=model)
+        fake._pil_from_chw_tensor = lambda t: it.ImageTokenizer._pil_from_chw_tensor(fake, t)
+        import numpy as np
+        with torch.no_grad():
+            raw = torch.stack([model.decode(model.quantize.get_codebook_entry(c, (1, hh, ww, embed_dim)))[0] for c in codes])
+            pix = torch.stack([torch.from_numpy(np.asarray(it.ImageTokenizer.pil_from_img_toks(fake, c, hh, ww)).copy())
+                               for c in codes])
+        weights = {k: v for k, v in model.state_dict().items() if k.split(".")[0] in ("decoder", "post_quant_conv", "quantize")}
+        cfg = dict(n_embed=n_embed, embed_dim=embed_dim, ch=dd["ch"], ch_mult=dd["ch_mult"], num_res_blocks=1,
+                   z_channels=dd["z_channels"], resolution=dd["resolution"], h=hh, w=ww)
+        save(out_dir, "chameleon_vqgan", "chameleon_vqgan", weights, {"codes": codes},
+             {"decoded": raw, "pixels_uint8": pix}, cfg, manifest, "Alpha-VLLM/Lumina-mGPT", commit,
+             "lumina_mgpt/model/chameleon_vae_ori/vqgan.py (VQModel), image_tokenizer.py (pil_from_img_toks)",
+             tolerance=1e-5, note="2 code grids of 4x6 (non-square); decoder output and upstream's uint8 pixels")
+
+
+def make_hf_chameleon(out_dir: Path, manifest: dict) -> None:
+    """transformers' ``ChameleonForConditionalGeneration`` (q/k-norm weights (num_heads, head_dim),
+    distinct per head): the plain forward's last hidden state and logits on random ids."""
+    import transformers
+    from transformers import ChameleonConfig, ChameleonForConditionalGeneration
+
+    conf = ChameleonConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=4, rms_norm_eps=1e-5, vocabulary_map={},
+                           vq_config=dict(embed_dim=8, num_embeddings=16, base_channels=32, latent_channels=8,
+                                          channel_multiplier=[1], num_res_blocks=1, resolution=16),
+                           attn_implementation="eager")
+    torch.manual_seed(0)
+    model = ChameleonForConditionalGeneration(conf).eval()
+    randomize(model, seed=11)
+    round_fp16(model)
+    g = torch.Generator().manual_seed(12)
+    ids = torch.randint(0, 256, (2, 12), generator=g)
+    with torch.no_grad():
+        out = model(ids, output_hidden_states=True, return_dict=True)
+    weights = {k: v for k, v in model.state_dict().items() if not k.startswith("model.vqmodel.")}
+    cfg = dict(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, vocab_size=256, rms_norm_eps=1e-5,
+               rope_theta=10000.0)
+    save(out_dir, "hf_chameleon", "hf_chameleon", weights, {"input_ids": ids},
+         {"hidden": out.hidden_states[-1], "logits": out.logits}, cfg, manifest, "huggingface/transformers",
+         f"v{transformers.__version__}", "transformers/models/chameleon/modeling_chameleon.py (pip package)",
+         tolerance=2e-5, note="2 sequences of 12 random ids, causal, per-head q/k norms")
+
+
+# ------------------------------------------------------------------------------------ T5 caption path
+EDGE_CAPTIONS = [
+    "A <b>bold</b> &amp; &quot;quoted&quot; caption", "see https://example.com/x?a=1 and www.test.org/page",
+    "Photo by @someone #hashtag #another", "<person> riding a horse", "100% cotton, 2,000 units, 3.5kg",
+    "IMG_1234.jpg a cat", "a dog\u2019s \u201cball\u201d \u2014 red", "Ｆｕｌｌｗｉｄｔｈ ｔｅｘｔ", "emoji \U0001F600 smile",
+    "A%20URL%20encoded+caption", "   padded   spaces   ", "ALL CAPS CAPTION!!!", "a -- b --- c", "(parens) [brackets] {braces}",
+    "free shipping on orders over $50", "1920x1080 wallpaper", "a photo of a cat ... ... ...", "x" * 300,
+    "\u0440\u0443\u0441\u0441\u043a\u0438\u0439 \u0442\u0435\u043a\u0441\u0442 and \u4e2d\u6587", "a\tb\nc", "",
+    # captions whose cleaning needs upstream's SECOND pass (edge punctuation, nested quotes, spam)
+    "A plate of food,,", ";;A dog", "\" 'A cat' \"", "A dog, free shipping", "Server 192.168.0.1 rack",
+    "this_is_my_cute_cat", "A cat\\nsleeping", "&amp;quot;Hi&amp;quot; there", "\ufb01sh on a plate", "Posted at 3:45 <br>",
+    "A cat,a dog and a bird.Outside", "A ''big'' dog", "What a dog!!!",
+]
+
+
+def make_t5(root: Path, out_dir: Path, manifest: dict) -> None:
+    """LlamaGen's ``language/t5.py`` ``T5Embedder``: its caption cleaning (``text_preprocessing``,
+    two passes of the PixArt cleaner) on PartiPrompts, 500 COCO val2017 captions (LANTERN's prompt
+    files, if given) and edge cases; its ``get_text_embeddings`` on a tiny random T5 encoder with a
+    small word-level tokenizer (saved beside the fixture; the tokenizer is not under test, the
+    call is: max_length, padding, truncation, special tokens), then the left padding of
+    ``autoregressive/sample/sample_t2i.py`` (valid rows rotated to the end, mask flipped; the
+    script's lines 95-105, re-expressed here because a script cannot be imported).
+    ``T5Embedder.__init__`` downloads / loads FLAN-T5, so the object is made without it."""
+    commit = checkout_commit(root)
+    captions = list(EDGE_CAPTIONS)
+    lantern = manifest.get("_lantern_root")
+    if lantern:
+        import csv
+        with open(Path(lantern) / "data/prompts/PartiPrompts.tsv") as f:
+            captions += [r["Prompt"] for r in csv.DictReader(f, delimiter="\t")]
+        coco = json.loads((Path(lantern) / "data/prompts/captions_val2017.json").read_text())
+        captions += [a["caption"] for a in coco["annotations"][:500]]
+    with upstream_path(root, ("language",)):
+        t5 = importlib.import_module("language.t5")
+        emb = object.__new__(t5.T5Embedder)
+        emb.use_text_preprocessing = True
+        cleaned = [emb.text_preprocessing(c) for c in captions]
+        (out_dir / "t5_captions.json").write_text(json.dumps({"captions": captions, "cleaned": cleaned}, indent=0) + "\n")
+        manifest["files"]["t5_captions.json"] = {
+            "family": "t5", "upstream_repo": UPSTREAM_REPOS["llamagen"], "upstream_commit": commit,
+            "upstream_source": "language/t5.py (T5Embedder.text_preprocessing)", "command": manifest["command"],
+            "tolerance_max_abs": 0.0, "note": f"{len(captions)} captions and upstream's cleaned text (exact match)"}
+        print(f"wrote {out_dir / 't5_captions.json'} ({len(captions)} captions)")
+        # tiny tokenizer + encoder
+        from tokenizers import Tokenizer, models, pre_tokenizers, processors
+        from transformers import PreTrainedTokenizerFast, T5Config, T5EncoderModel
+
+        words = sorted({w for c in cleaned[:60] for w in c.split()})[:200]
+        vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, **{w: i + 3 for i, w in enumerate(words)}}
+        tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+        tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        tk.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+        tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
+        tok_dir = out_dir / "t5_tokenizer"
+        tok_dir.mkdir(exist_ok=True)
+        tok.save_pretrained(str(tok_dir))
+        conf = T5Config(vocab_size=len(vocab), d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                        feed_forward_proj="gated-gelu", is_encoder_decoder=False, use_cache=False)
+        torch.manual_seed(0)
+        enc = T5EncoderModel(conf).eval()
+        randomize(enc, seed=13, std=0.3, norm_keys=("layer_norm",))
+        round_fp16(enc)
+        emb.tokenizer, emb.model, emb.device, emb.model_max_length = tok, enc, torch.device("cpu"), 16
+        # by cleaned length: the empty caption (only </s>), short, median, and the longest (truncated to 16)
+        order = sorted(range(len(captions)), key=lambda i: (len(tok(cleaned[i])["input_ids"]), i))
+        picks = [order[0], order[len(order) // 10], order[len(order) // 2], order[-1], order[-2]]
+        texts = [captions[i] for i in picks]
+        embs, mask = emb.get_text_embeddings(texts)
+        # sample_t2i.py: new_emb_masks = flip(emb_masks); valid rows moved to the end
+        new_mask = torch.flip(mask, dims=[-1])
+        new_embs = torch.stack([torch.cat([e[int(m.sum()):], e[:int(m.sum())]]) for e, m in zip(embs, mask)])
+        weights = dict(enc.state_dict())
+        weights.pop("encoder.embed_tokens.weight", None)  # tied to shared.weight
+        save(out_dir, "t5_features", "t5", weights, {"text_index": torch.tensor(picks)},
+             {"caption_embs": new_embs, "emb_mask": new_mask, "right_padded_embs": embs, "attention_mask": mask},
+             dict(conf.to_diff_dict(), max_length=16), manifest, UPSTREAM_REPOS["llamagen"], commit,
+             "language/t5.py (T5Embedder.get_text_embeddings) + sample_t2i.py left padding", tolerance=2e-5,
+             note="5 captions (indices into t5_captions.json) through a tiny random T5 encoder, max_length 16; "
+                  "tokenizer in t5_tokenizer/")
+
+
+# ------------------------------------------------------------------------------------ MAR
+class _TorchvisionStub:
+    """timm (imported by MAR's ``models/mar.py`` for ``Block``) imports torchvision, whose PyPI wheels
+    do not import beside our torch build. Only ``timm.models.vision_transformer.Block`` is used, which
+    never touches torchvision: this meta-path finder serves empty permissive ``torchvision*``
+    modules for the duration of the MAR imports only."""
+
+    def __enter__(self):
+        import importlib.abc
+        import importlib.machinery
+
+        class Any_:
+            def __init__(self, *a, **k): pass
+            def __call__(self, *a, **k): return Any_()
+            def __getattr__(self, n): return Any_()
+            def __mro_entries__(self, bases): return (object,)
+
+        class Stub(types.ModuleType):
+            def __getattr__(self, name):
+                if name.startswith("__"):
+                    raise AttributeError(name)
+                return Any_()
+
+        class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+            def find_spec(self, name, path=None, target=None):
+                if name == "torchvision" or name.startswith("torchvision."):
+                    return importlib.machinery.ModuleSpec(name, self, is_package=True)
+
+            def create_module(self, spec):
+                m = Stub(spec.name)
+                m.__path__, m.__version__ = [], "0.0.0+stub"
+                return m
+
+            def exec_module(self, m):
+                pass
+
+        self.finder = Finder()
+        sys.meta_path.insert(0, self.finder)
+        return self
+
+    def __exit__(self, *exc):
+        sys.meta_path.remove(self.finder)
+        for name in list(sys.modules):
+            if name == "torchvision" or name.startswith("torchvision."):
+                del sys.modules[name]
+
+
+def make_mar(root: Path, out_dir: Path, manifest: dict) -> None:
+    """LTH14/mar ``models/mar.py``: ``forward_mae_encoder`` + ``forward_mae_decoder`` (the condition
+    z of every position given the known tokens; MAE drops the masked tokens) with a class label and
+    with ``fake_latent`` (CFG's unconditional branch, as ``sample_tokens`` builds it), and the DiffLoss
+    network ``SimpleMLPAdaLN`` (``models/diffloss.py``) on (x, t, z). Tiny: 4x4 tokens of 16 dims,
+    width 64, 2 + 2 blocks, buffer 4, head 2 x 64."""
+    commit = checkout_commit(root)
+    with _TorchvisionStub(), upstream_path(root, ("models", "diffusion", "util")):
+        mm = importlib.import_module("models.mar")
+        cfg = dict(seq_len=16, token_dim=16, encoder_dim=64, encoder_depth=2, encoder_heads=4, decoder_dim=64,
+                   decoder_depth=2, decoder_heads=4, mlp_ratio=4.0, buffer_size=4, n_classes=10, head_width=64,
+                   head_depth=2)
+        torch.manual_seed(0)
+        model = mm.MAR(img_size=64, vae_stride=16, patch_size=1, encoder_embed_dim=64, encoder_depth=2,
+                       encoder_num_heads=4, decoder_embed_dim=64, decoder_depth=2, decoder_num_heads=4, mlp_ratio=4.0,
+                       vae_embed_dim=16, class_num=10, buffer_size=4, diffloss_d=2, diffloss_w=64,
+                       norm_layer=functools.partial(torch.nn.LayerNorm, eps=1e-6)).eval()  # as mar_base/large/huge
+        randomize(model, seed=14, std=0.1, norm_keys=("norm", "_ln"))
+        round_fp16(model)
+        g = torch.Generator().manual_seed(15)
+        B, L = 3, 16
+        tokens = torch.randn(B, L, 16, generator=g)
+        mask = torch.zeros(B, L)  # 1 = unknown (masked); equal counts per row (upstream's reshape)
+        for b in range(B):
+            mask[b, torch.randperm(L, generator=g)[:11]] = 1
+        labels = torch.tensor([3, 7, -1])  # -1: the unconditional row (fake_latent)
+        with torch.no_grad():
+            ce = model.class_emb(labels.clamp(min=0))
+            ce[labels < 0] = model.fake_latent
+            z = model.forward_mae_decoder(model.forward_mae_encoder(tokens, mask, ce), mask)
+            N = 8
+            x = torch.randn(N, 16, generator=g)
+            t = torch.randint(0, 1000, (N,), generator=g)
+            c = torch.randn(N, 64, generator=g)
+            head_out = model.diffloss.net(x, t, c)
+        save(out_dir, "mar", "mar", dict(model.state_dict()),
+             {"tokens": tokens, "mask": mask, "labels": labels, "head_x": x, "head_t": t, "head_z": c},
+             {"z": z, "head_out": head_out}, cfg, manifest, "LTH14/mar", commit,
+             "models/mar.py (forward_mae_encoder, forward_mae_decoder), models/diffloss.py (SimpleMLPAdaLN)",
+             tolerance=2e-5, note="3 rows with 5 known of 16 tokens (labels 3, 7, unconditional); head on 8 (x, t, z)")
+
+
+def make_kl16(root: Path, out_dir: Path, manifest: dict) -> None:
+    """LTH14/mar ``models/vae.py`` AutoencoderKL decode (KL-16's architecture at small width: the
+    upstream Decoder built with ch=32, ch_mult (1, 2), one res block; AutoencoderKL does not expose
+    ch), on latents of a 4x4 and a 3x5 grid."""
+    commit = checkout_commit(root)
+    with upstream_path(root, ("models", "diffusion", "util")):
+        vae = importlib.import_module("models.vae")
+        cfg = dict(embed_dim=16, ch=32, ch_mult=[1, 2], num_res_blocks=1, z_channels=16, resolution=16)
+        torch.manual_seed(0)
+        model = vae.AutoencoderKL(embed_dim=16, ch_mult=(1, 2)).eval()
+        model.decoder = vae.Decoder(ch=32, ch_mult=(1, 2), num_res_blocks=1, z_channels=16, resolution=16).eval()
+        g = torch.Generator().manual_seed(16)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("bias") or ("norm" in name and name.endswith("weight")):
+                    p.copy_((1.0 if name.endswith("weight") else 0.0) + 0.1 * torch.randn(p.shape, generator=g))
+        round_fp16(model)
+        lat = {"latents_4x4": torch.randn(2, 16, 4, 4, generator=g), "latents_3x5": torch.randn(1, 16, 3, 5, generator=g)}
+        with torch.no_grad():
+            out = {k.replace("latents", "decoded"): model.decode(v) for k, v in lat.items()}
+        weights = {k: v for k, v in model.state_dict().items() if k.split(".")[0] in ("decoder", "post_quant_conv")}
+        save(out_dir, "kl16_vae", "kl16_vae", weights, lat, out, cfg, manifest, "LTH14/mar", commit,
+             "models/vae.py (AutoencoderKL.decode)", tolerance=2e-5, note="decode-side weights only (size)")
+
+
+# ------------------------------------------------------------------------------------ main
+FAMILIES = {
+    "llamagen": [make_llamagen_gpt, make_llamagen_vq],
+    "lantern": [make_lantern_llamagen, make_lantern_eagle, make_lantern_eagle_lumina],
+    "lumina": [make_lumina_chameleon, make_vqgan],
+    "mar": [make_mar, make_kl16],
+}
+EXTRA = {"llamagen": [make_t5]}  # run after every family (make_t5 reads LANTERN's prompt files when given)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--llamagen", type=Path, help="checkout of FoundationVision/LlamaGen")
+    ap.add_argument("--lantern", type=Path, help="checkout of jadohu/LANTERN")
+    ap.add_argument("--lumina", type=Path, help="checkout of Alpha-VLLM/Lumina-mGPT")
+    ap.add_argument("--mar", type=Path, help="checkout of LTH14/mar")
+    ap.add_argument("--hf-chameleon", action="store_true",
+                    help="also make the transformers ChameleonForConditionalGeneration fixture (installed package)")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = ap.parse_args(argv)
+    torch.set_default_dtype(torch.float32)
+    torch.use_deterministic_algorithms(True)
+    out_dir = args.out
+    out_dir.mkdir(parents=True, exist_ok=True)
+    mpath = out_dir / "MANIFEST.json"
+    manifest = json.loads(mpath.read_text()) if mpath.is_file() else {"files": {}}
+    cmd = ["python", "tools/make_upstream_fixtures.py", *(argv if argv is not None else sys.argv[1:])]
+    manifest["command"] = shlex.join(cmd)  # recorded in every file entry this run writes
+    manifest["torch"] = torch.__version__
+    try:
+        import transformers
+        manifest["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    given = {name: getattr(args, name) for name in FAMILIES if getattr(args, name) is not None}
+    if not given and not args.hf_chameleon:
+        ap.error("give at least one upstream checkout (--llamagen, --lantern, --lumina) or --hf-chameleon")
+    for name, root in given.items():
+        if not root.is_dir():
+            raise SystemExit(f"--{name} {root}: not a directory (a checkout of {UPSTREAM_REPOS[name]})")
+        for make in FAMILIES[name]:
+            make(root.resolve(), out_dir, manifest)
+    if "lantern" in given:
+        manifest["_lantern_root"] = str(given["lantern"].resolve())
+    for name, root in given.items():
+        for make in EXTRA.get(name, []):
+            make(root.resolve(), out_dir, manifest)
+    manifest.pop("_lantern_root", None)
+    if args.hf_chameleon:
+        make_hf_chameleon(out_dir, manifest)
+    manifest["files"] = dict(sorted(manifest["files"].items()))
+    mpath.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {mpath}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
