@@ -56,3 +56,19 @@ def test_real_target_sota_table_on_tiny_files(target, tmp_path, request):
     if target == "lumina_mgpt":
         mc = next(x for x in md.splitlines() if x.startswith(f"| {target} | MC-SJD (maximal) |"))
         assert "4.21" in mc and "SJD protocol" in mc
+
+
+@pytest.mark.parametrize("target", ["lumina_mgpt", "llamagen_xl"])
+def test_sota_experiment_rows_are_the_reports_rows(target):
+    """``python run.py -m +experiment=sota_<target>`` sweeps the same rows ``make sota-table`` runs."""
+    from omegaconf import OmegaConf
+
+    from coolsd.config_schema import method_from_cfg
+    from coolsd.runner import compose
+
+    exp = OmegaConf.load(sota.ROOT / "experiments" / "experiment" / f"sota_{target}.yaml")
+    rows = str(exp.hydra.sweeper.params["+row"]).split(",")
+    assert len(rows) == len(sota.SOTA_ROWS)
+    for row, (_, _, method, params) in zip(rows, sota.rows_for(target)):
+        name, p = method_from_cfg(compose(f"+experiment=sota_{target}", f"+row={row}", "target=toy", "dataset=toy"))
+        assert name == method and all(p[k] == v for k, v in params.items()), (row, name, p, params)
