@@ -20,6 +20,7 @@ from safetensors.torch import save_file
 
 from coolsd.loading import BadInputFile, MissingInputFile
 from coolsd.models.llamagen import LlamaGenConfig, LlamaGenGPT, LlamaGenTarget, load_gpt, tiny
+from test_llamagen import upstream_rope_table
 
 CFG = tiny()  # dim 64, 2 layers, 4 heads, vocab 64, 8 text slots, caption dim 16, 4x4 grid
 T, N = CFG.cls_token_num, CFG.block_size
@@ -78,14 +79,8 @@ def lantern_mask(key_ok: torch.Tensor) -> torch.Tensor:
 
 
 def rope_table(L: int) -> torch.Tensor:
-    """(L, head_dim/2, 2) (cos, sin): zeros for the text slots, then the row-major 2D grid."""
-    half = CFG.head_dim // 2
-    freqs = 1.0 / (CFG.rope_base ** (torch.arange(0, half, 2)[: half // 2].double() / half))
-    g = CFG.grid_size
-    f = torch.outer(torch.arange(g).double(), freqs)
-    grid = torch.cat([f[:, None, :].expand(g, g, -1), f[None, :, :].expand(g, g, -1)], dim=-1)
-    table = torch.stack([grid.cos(), grid.sin()], dim=-1).flatten(0, 1)
-    return torch.cat([torch.zeros(T, half, 2, dtype=torch.float64), table])[:L]
+    """The first L rows of test_llamagen's upstream-built RoPE table (the same tiny config)."""
+    return upstream_rope_table()[:L]
 
 
 @torch.no_grad()

@@ -19,7 +19,6 @@ one loaded world (``coolsd.report.real_sweep``), after checking every file first
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -123,23 +122,10 @@ def write_tables(df: pd.DataFrame, out: Path, quality: tuple[str, ...]) -> None:
 
 
 def main(argv=None):
-    from coolsd.report.table2 import check_target, metric_inputs, real_scorers, report_args
+    from coolsd.report.table2 import report_args, report_prelude
 
     a = report_args(__doc__, "sota", 120).parse_args(argv)
-    targets = [t.strip() for t in a.targets.split(",") if t.strip()]
-    records_root = a.records or ROOT / "outputs" / "sota" / time.strftime("%Y-%m-%d_%H-%M-%S")
-    for t in targets:
-        check_target(t)
-    missing = []
-    for t in (t for t in targets if t != "toy"):
-        cfg = real_configs(t, a.prompts or 5000, records_root / t, a.override)[0][1]
-        from coolsd.report.real_sweep import missing_inputs
-
-        missing += [f"{t}: {m}" for m in missing_inputs(cfg, metric_inputs(a))]
-    if missing:
-        raise SystemExit("make sota-table cannot run; missing:\n  " + "\n  ".join(missing))
-    scorers = real_scorers(a) if any(t != "toy" for t in targets) else None
-    a.out.mkdir(parents=True, exist_ok=True)
+    targets, records_root, scorers = report_prelude(a, "sota", "sota-table", real_configs)
     frames, summaries, tests = [], {}, {}
     for t in targets:
         res, recs, n_tokens = run_target(t, a.prompts, records_root / t, scorers, a.override)

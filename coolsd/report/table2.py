@@ -164,20 +164,28 @@ def report_args(doc: str, name: str, toy_prompts: int) -> argparse.ArgumentParse
     return ap
 
 
-def main(argv=None):
-    a = report_args(__doc__, "paper_table2", 60).parse_args(argv)
+def report_prelude(a, name: str, make: str, configs):
+    """(targets, records root, metric scorers or None) of a report's arguments ``a``: every target
+    known and, for real ones, every input file present (one list, before any work starts);
+    ``configs(target, prompts, records, overrides)``: its (tag, job config) rows."""
     targets = [t.strip() for t in a.targets.split(",") if t.strip()]
-    records_root = a.records or ROOT / "outputs" / "paper_table2" / time.strftime("%Y-%m-%d_%H-%M-%S")
+    records_root = a.records or ROOT / "outputs" / name / time.strftime("%Y-%m-%d_%H-%M-%S")
     for t in targets:
         check_target(t)
-    missing = []  # every real target is checked before any work starts
+    missing = []
     for t in (t for t in targets if t != "toy"):
-        cfg = row_configs(t, a.prompts or 5000, records_root / t, a.override)[0][1]
+        cfg = configs(t, a.prompts or 5000, records_root / t, a.override)[0][1]
         missing += [f"{t}: {m}" for m in missing_inputs(cfg, metric_inputs(a))]
     if missing:
-        raise SystemExit("make paper-table2 cannot run; missing:\n  " + "\n  ".join(missing))
+        raise SystemExit(f"make {make} cannot run; missing:\n  " + "\n  ".join(missing))
     scorers = real_scorers(a) if any(t != "toy" for t in targets) else None
     a.out.mkdir(parents=True, exist_ok=True)
+    return targets, records_root, scorers
+
+
+def main(argv=None):
+    a = report_args(__doc__, "paper_table2", 60).parse_args(argv)
+    targets, records_root, scorers = report_prelude(a, "paper_table2", "paper-table2", row_configs)
     frames, summaries = [], {}
     coolsd_tag, lantern_tag = tag_of("coolsd", {"delta": 1.1}), tag_of("lantern_pp", {"lam": 2.0, "k": 10})
     for t in targets:
