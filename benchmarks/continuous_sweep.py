@@ -116,6 +116,9 @@ def main(argv=None):
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "toy_continuous")
     ap.add_argument("--records", type=Path, default=None)
     ap.add_argument("--assets", default=None, help="toy continuous weights folder (default: the shipped ones)")
+    ap.add_argument("--no-warmup", dest="warmup", action="store_false",
+                    help="no untimed warm-up batch per run folder (smoke runs: the first timed batch of each "
+                         "method then carries its first-call costs; never for committed numbers)")
     a = ap.parse_args(argv)
     gammas = [int(x) for x in a.gammas.split(",")]
     batches = [int(x) for x in a.batches.split(",")]
@@ -126,6 +129,8 @@ def main(argv=None):
     torch.set_num_threads(a.threads)
     cfg = compose("target=toy_continuous", "method=cspd", *([f"target.assets={a.assets}"] if a.assets else []))
     world = load_world(cfg)
+    if not a.warmup:
+        world.warmup = False  # this world object only (coolsd.worlds.base: World.warmup, read by coolsd.job.run_methods)
     t0 = time.perf_counter()
     rows, tables, grids = [], {}, []
     for batch, n in zip(batches, prompts):
@@ -141,7 +146,7 @@ def main(argv=None):
     env = {"target": "toy_continuous", "head": dataclasses.asdict(world.head), "gammas": gammas, "batches": batches,
            "modes": {m: {**MODES[m], **({"final_std": a.exact_std} if m == "exact" else {})} for m in a.modes.split(",")},
            "prompts": dict(zip(map(str, batches), prompts)), "threads": a.threads, "cpu": cpu_name(),
-           "cores": os.cpu_count(), "torch": torch.__version__, "seed": a.seed, "records": str(records),
+           "cores": os.cpu_count(), "torch": torch.__version__, "seed": a.seed, "warmup": a.warmup, "records": str(records),
            "generation_seconds": time.perf_counter() - t0, "files": world.files(),
            "speedup_reference": "ar (the target alone, sampled as the mode samples) in the same run folder, same prompts, "
                                 "interleaved per batch (paired by prompt)"}

@@ -3,6 +3,8 @@
 without, side by side in one run. Every prompt group is decoded twice with the same seeds,
 interleaved, the order alternating per group so drift hits both alike; overhead = sum(latency on) /
 sum(latency off) - 1 over the groups, with the paired per-group median beside it. Goal: < 5%.
+Beside them, the minor page faults per run (this thread's, Linux): fresh memory from the OS, a
+cost of large temporary tensors that the signal work is sized to avoid (coolsd.generate).
 
     python benchmarks/signal_overhead.py                       # eager and compiled, batch 1 and 16
     python benchmarks/signal_overhead.py --modes eager --prompts 8
@@ -37,16 +39,27 @@ METHODS = {
 }
 
 
-def decode(world, method, cond, seeds, signals: bool) -> tuple[float, float]:
+def _minor_faults() -> float:
+    """This thread's minor page faults so far (NaN where getrusage has no per-thread count)."""
+    try:
+        import resource
+        return float(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt)
+    except (ImportError, AttributeError, OSError):
+        return float("nan")
+
+
+def decode(world, method, cond, seeds, signals: bool) -> tuple[float, float, float]:
     """(loop seconds, seconds of it spent on the signals: eager rounds time their deferred sink,
-    ``GenerationResult.extra["signal_s"]``; NaN where not timed, compiled rounds)."""
+    ``GenerationResult.extra["signal_s"]``, NaN where not timed (compiled rounds); minor page
+    faults during the call)."""
     t = world.target
     drafter = build_drafter(method, world.drafter() if method.drafter == "model" else None, world.sampling, t.vocab_size)
+    f0 = _minor_faults()
     with torch.no_grad():
         res = speculative_generate(t, t.n_image_tokens, PerSampleRNG(list(seeds)), rule=method.rule, drafter=drafter,
                                    tree=method.tree, sampling=world.sampling, cond=cond, batch_size=len(seeds),
                                    distortion=signals)
-    return res.seconds, res.extra.get("signal_s", 0.0 if not signals else float("nan"))
+    return res.seconds, res.extra.get("signal_s", 0.0 if not signals else float("nan")), _minor_faults() - f0
 
 
 def main(argv=None):
@@ -75,6 +88,7 @@ def main(argv=None):
                     decode(world, methods[t], cond, [prompt_seed(0, i) for i in range(B)], on)
             print(f"[{mode} batch {B}] warm-up {time.perf_counter() - t0:.1f} s", flush=True)
             lat = {t: {True: [], False: []} for t in tags}
+            faults = {t: {True: [], False: []} for t in tags}
             timed = {t: [] for t in tags}  # seconds inside the signals, runs with them on
             for g in range(a.prompts):
                 idx = range(g * B, (g + 1) * B)
@@ -82,8 +96,9 @@ def main(argv=None):
                 seeds = [prompt_seed(0, i) for i in idx]
                 for t in tags:
                     for on in ((True, False) if g % 2 == 0 else (False, True)):
-                        seconds, signal_s = decode(world, methods[t], cond, seeds, on)
+                        seconds, signal_s, n_faults = decode(world, methods[t], cond, seeds, on)
                         lat[t][on].append(seconds)
+                        faults[t][on].append(n_faults)
                         if on:
                             timed[t].append(signal_s)
             for t in tags:
@@ -91,22 +106,27 @@ def main(argv=None):
                 r = {"mode": mode, "batch": B, "method": t, "ms_off": 1e3 * sum(off) / len(off) / B,
                      "ms_on": 1e3 * sum(on) / len(on) / B, "overhead": sum(on) / sum(off) - 1,
                      "paired_median": statistics.median(x / y - 1 for x, y in zip(on, off)),
-                     "timed_share": sum(timed[t]) / sum(on)}  # NaN for compiled rounds (not timed inside)
+                     "timed_share": sum(timed[t]) / sum(on),  # NaN for compiled rounds (not timed inside)
+                     "faults_on": statistics.median(faults[t][True]), "faults_off": statistics.median(faults[t][False])}
                 rows.append(r)
                 print(f"{mode:8s} batch {B:2d} {t:18s} {r['ms_off']:7.1f} -> {r['ms_on']:7.1f} ms/image  "
                       f"{100 * r['overhead']:+6.2f}% (paired median {100 * r['paired_median']:+6.2f}%, "
-                      f"timed inside {100 * r['timed_share']:.2f}%)", flush=True)
+                      f"timed inside {100 * r['timed_share']:.2f}%, page faults a run {r['faults_on']:.0f} on, "
+                      f"{r['faults_off']:.0f} off)", flush=True)
     lines = [f"Per-token quality signals (issue 15) on the toy world: decode time with and without, side by side, "
              f"{a.prompts} prompt groups per batch size, chain L=4, {cpu_name()}, {a.threads} thread(s). Produced by "
              "`python benchmarks/signal_overhead.py`. Goal: < 5%. 'timed inside': in eager mode the loop times its "
              "own signal work (the deferred sink, `GenerationResult.extra['signal_s']`) as a share of the decode time "
              "of the same runs: the same cost without the run-to-run noise of a difference of two timings "
-             "(compiled rounds compute the signals inside the compiled graph: not timed there).", "",
-             "| mode | batch | method | ms / image without | with | overhead | paired median | timed inside |",
-             "|---|---|---|---|---|---|---|---|"]
+             "(compiled rounds compute the signals inside the compiled graph: not timed there). Page faults: "
+             "the median minor page faults of a run (the loop's thread) with and without the signals.", "",
+             "| mode | batch | method | ms / image without | with | overhead | paired median | timed inside "
+             "| page faults with / without |",
+             "|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['mode']} | {r['batch']} | {r['method']} | {r['ms_off']:.1f} | {r['ms_on']:.1f} | "
               f"{100 * r['overhead']:+.1f}% | {100 * r['paired_median']:+.1f}% | "
-              + ("-" if r["timed_share"] != r["timed_share"] else f"{100 * r['timed_share']:.2f}%") + " |" for r in rows]
+              + ("-" if r["timed_share"] != r["timed_share"] else f"{100 * r['timed_share']:.2f}%")
+              + f" | {r['faults_on']:.0f} / {r['faults_off']:.0f} |" for r in rows]
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "signal_overhead.md").write_text("\n".join(lines) + "\n")
     write_json_atomic({"cpu": cpu_name(), "threads": a.threads, "prompts": a.prompts, "rows": rows},

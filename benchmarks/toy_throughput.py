@@ -34,6 +34,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--batches", default="1,4,16")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "toy_throughput")
+    ap.add_argument("--no-warmup", dest="warmup", action="store_false",
+                    help="skip the untimed warm-up batches (smoke runs: the first timed batch of each "
+                         "configuration then carries its first-call costs; never for committed numbers)")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     cfg = compose("target=toy", f"dataset.n_prompts={a.prompts}")
@@ -47,8 +50,9 @@ def main(argv=None) -> dict:
     for B in batches:
         for inv in (False, True):
             with batch_invariant(inv):
-                for tag, m in methods.items():  # warm-up at this batch size, excluded
-                    world.generate(m, scenes[:B], seeds[:B])
+                if a.warmup:  # at this batch size, excluded from the timings
+                    for m in methods.values():
+                        world.generate(m, scenes[:B], seeds[:B])
                 for tag, m in methods.items():
                     sec, taus, imgs = 0.0, [], []  # generation time: the loop's latency_s (decoding excluded, METHODS.md 6)
                     for s in range(0, a.prompts, B):
@@ -67,14 +71,15 @@ def main(argv=None) -> dict:
         r["throughput_vs_default_kernels"] = r["images_per_s"] / rows[(B, tag, False)]["images_per_s"]
         # the images of this batch size equal the batch-1 images bit for bit (guaranteed with the flag)
         r["images_equal_batch1"] = bool(np.array_equal(images[(B, tag, inv)], images[(batches[0], tag, inv)]))
-    env = {"prompts": a.prompts, "threads": a.threads, "cpu": cpu_name(), "cores": os.cpu_count(),
+    env = {"prompts": a.prompts, "threads": a.threads, "warmup": a.warmup, "cpu": cpu_name(), "cores": os.cpu_count(),
            "torch": torch.__version__, "tree": "chain", "draft_length": 4, "cfg_scale": world.cfg_scale}
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "summary.json").write_text(json.dumps({"env": env, "rows": list(rows.values())}, indent=1))
     md = [f"Toy world, {a.prompts} prompts, CPU {env['cpu']} ({a.threads} thread), chain L=4, CFG {env['cfg_scale']}; "
           "every configuration on the same prompts and seeds in one run; images / s of generation (the loop's "
           "latency_s: prompt encoding and decoding excluded); batch invariant = "
-          "`deterministic.batch_invariant=true` (coolsd.batch_invariant).", "",
+          "`deterministic.batch_invariant=true` (coolsd.batch_invariant)."
+          + ("" if a.warmup else " No warm-up (--no-warmup, a smoke run): timings include first-call costs."), "",
           "| batch | method | batch invariant | images / s | accepted length | vs AR (same batch) | "
           "vs batch 1 (same method) | vs default kernels | images = batch 1 |",
           "|---|---|---|---|---|---|---|---|---|"]

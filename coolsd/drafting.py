@@ -15,7 +15,7 @@ import torch
 
 from coolsd.compiled import compile_step
 from coolsd.decoding.sampling import normalize, sample_inverse_cdf, sample_without_replacement, warp_probs
-from coolsd.decoding.trees import Tree
+from coolsd.decoding.trees import Tree, pac_tree
 from coolsd.protocols import ARModel, StepOut
 
 
@@ -360,6 +360,121 @@ class JacobiDrafter:
         self.n_out = self.n_out + new
 
 
+class PACDrafter(JacobiDrafter):
+    """SJD-PAC (arXiv 2603.18599; KangJialiang/SJD-PAC ``SJDPACSpeculativeSampler``) as a Jacobi
+    drafter on ``pac_tree``; verification is the engine's (exact rule, recursive rejection over
+    siblings). Derivation and the lab's verdict: docs/sjd_pac.md.
+
+    "Adaptive continuation": upstream keeps testing the drafts after the first rejection against
+    their stale target distribution p (computed with the rejected token in their context) and
+    keeps a draft d the test accepts, else draws from Norm([p - q]_+). Nothing past the first
+    rejection is emitted: what it produces is the next iteration's draft at that position, i.e.
+    MC-SJD's maximal coupling of the old draft to p, distributed as p (``JacobiDrafter`` with
+    ``coupling="maximal"``).
+
+    "Proactive drafting": the next window is a tree. At each of its first ``depth - 1`` depths,
+    ``width`` candidates shared by every node of that depth (upstream's layout: node token =
+    candidate[rank, depth]): candidate 0 is the coupled draft, candidates 1.. are drawn without
+    replacement from the same p with candidate 0 removed, so together they are ``width`` draws
+    without replacement from p, and each node reports the conditional distribution it was drawn
+    from (METHODS.md 1.2): p for rank 0, Norm(p without ranks < r) for rank r. A depth whose
+    candidate 0 is a top-up (the position had no carried draft) gets no siblings (q = 0: skipped).
+
+    Which p a position's next draft comes from: the target's distribution at the node of the
+    depth before it on the line that continues the accepted path by rank-0 children (the rejected
+    draft's line), or on the rank-0 chain where that line ends (a leaf of a sibling subtree). Any
+    choice is lossless if reported; this one has the freshest context.
+
+    Lossless for the same reason as MC-SJD (the chi-square tests decide,
+    tests/test_parallel_decoders.py): a position still drafted has never been tested, so given
+    the tests so far its candidates are distributed as the conditionals they report. Upstream
+    draws the siblings from the coupling's residual [p - q]_+ instead while reporting them as
+    draws from p: in the lab that bookkeeping fails the chi-square test."""
+
+    def __init__(self, vocab_size: int, window: int, width: int, depth: int, token_range=None, active_range=None,
+                 init: str = "random", grid_width: Optional[int] = None):
+        super().__init__(vocab_size, window, token_range, active_range, "maximal", init, grid_width)
+        tree = pac_tree(window, width, depth)
+        self.K, self.S = width, max(depth - 1, 0)  # candidates per branching depth, branching depths
+        self.node_depth, self.node_rank = tree.depth, tree.rank
+        self.sib_nodes = torch.nonzero(tree.rank > 0).flatten()
+        self.follow = self._follow_table(tree)
+
+    def _follow_table(self, tree: Tree) -> torch.Tensor:
+        """(n+1 nodes, n+1 depths): for node a and depth e > depth(a), the node at depth e on the
+        line from a by rank-0 children, or the rank-0 chain's node at depth e where that line ends
+        (e <= depth(a): a itself, never read)."""
+        n = self.n
+        chain = {0: 0}
+        for i, p in enumerate(tree.paths, 1):
+            if all(r == 0 for r in p):
+                chain[len(p)] = i
+        first_child = [kids[0] if kids and tree.rank[kids[0]] == 0 else -1 for kids in tree.children_list]
+        table = torch.zeros(tree.n_nodes + 1, n + 1, dtype=torch.long)
+        for a in range(tree.n_nodes + 1):
+            node, da = a, int(tree.depth[a])
+            for e in range(n + 1):
+                if e > da:
+                    node = first_child[node] if node >= 0 and first_child[node] >= 0 else -1
+                    table[a, e] = node if node >= 0 else chain[e]
+                else:
+                    table[a, e] = a
+        return table
+
+    def begin(self, cond, batch_size, first_token, target_out):
+        super().begin(cond, batch_size, first_token, target_out)
+        self.sib = torch.zeros(batch_size, self.S, max(self.K - 1, 0), dtype=torch.long)
+        self.sib_q = None  # (B, S, K-1, V); None: no siblings yet (the first window)
+
+    def propose(self, tree: Tree, rng, max_depth: torch.Tensor):
+        chain_tokens, chain_q = super().propose(tree, rng, max_depth)  # (B, n+1), (B, n+1, V) by depth
+        self._u_sib = rng.uniform(self.S, self.V) if self.S and self.K > 1 else None
+        tokens = chain_tokens[:, self.node_depth]
+        q = chain_q[:, self.node_depth]
+        if self.sib_nodes.numel():
+            d, r = self.node_depth[self.sib_nodes] - 1, self.node_rank[self.sib_nodes] - 1
+            tokens[:, self.sib_nodes] = self.sib[:, d, r]
+            q[:, self.sib_nodes] = 0.0 if self.sib_q is None else self.sib_q[:, d, r].to(q.dtype)
+        return tokens, q
+
+    def observe(self, info: RoundInfo) -> None:
+        n, B = self.n, info.tokens.shape[0]
+        m = info.n_accepted
+        last = torch.where(m > 0, info.path.gather(1, (m - 1).clamp(min=0).unsqueeze(1))[:, 0], 0)
+        # slot k of the next window holds depth e = m + 2 + k of this one
+        e = m.unsqueeze(1) + 2 + torch.arange(n)
+        parent = self.follow[last.unsqueeze(1), (e - 1).clamp(max=n)]  # (B, n): the node whose p predicts depth e
+        p = _gather_nodes(info.target_probs, parent)
+        # maximal coupling to the old draft at depth e (none past this window: a fresh draw)
+        old = (e - 1).clamp(max=n - 1)
+        d = self._drafts.gather(1, old)
+        q_old = _gather_nodes(self._q[:, 1:], old).to(p.dtype)
+        pd = p.gather(-1, d.unsqueeze(-1)).squeeze(-1)
+        qd = q_old.gather(-1, d.unsqueeze(-1)).squeeze(-1)
+        inside = e <= n
+        u = (e - 2).clamp(max=n - 1)  # the uniforms of depth e (MC-SJD's: the same tokens at width 1)
+        keep = inside & (self._u_keep.gather(1, u) * qd < pd)
+        resid = torch.where(inside.unsqueeze(-1), normalize(torch.clamp(p - q_old, min=0.0), p), p)
+        cand = torch.where(keep, d, sample_inverse_cdf(resid, self._u_next.gather(1, u)))
+        self.carry_count = n - m
+        self.carry_tokens, self.carry_q = cand, p
+        if self._u_sib is not None:
+            S = self.S
+            base = self._sibling_base(p[:, :S], cand[:, :S], resid[:, :S])
+            toks, cond = sample_without_replacement(base, self._u_sib, self.K - 1)
+            carried = (torch.arange(S).unsqueeze(0) < self.carry_count.unsqueeze(1)).view(B, S, 1, 1)
+            self.sib, self.sib_q = toks, torch.where(carried, cond, 0.0)
+        if self.init != "random":
+            self._record(info)
+        self.root = info.emitted.clamp(min=0)
+
+    @staticmethod
+    def _sibling_base(p: torch.Tensor, cand: torch.Tensor, resid: torch.Tensor) -> torch.Tensor:
+        """(B, S, V): the distribution the siblings are drawn from without replacement: p with
+        candidate 0 removed (so all candidates are draws without replacement from p)."""
+        return normalize(p.scatter(-1, cand.unsqueeze(-1), 0.0), torch.zeros_like(p))
+
+
 def _gumbel(u: torch.Tensor) -> torch.Tensor:
     """Standard Gumbel noise -log(-log u) from uniforms u in [0, 1) (u = 0 maps to -inf: never the argmax)."""
     return -torch.log(-torch.log(u))
@@ -376,6 +491,9 @@ def build_drafter(method, draft_model: Optional[ARModel], sampling: SamplingConf
         lo = p.get("active_start")
         hi = p.get("active_end")
         active = None if lo is None and hi is None else (lo or 0, hi if hi is not None else 1 << 62)
+        if "tree_width" in p:  # sjd_pac
+            return PACDrafter(vocab_size, p["window"], p["tree_width"], p["tree_depth"], token_range, active,
+                              p.get("init", "random"), grid_width)
         return JacobiDrafter(vocab_size, p["window"], token_range, active, p.get("coupling"), p.get("init", "random"),
                              grid_width)
     if draft_model is None:

@@ -235,7 +235,7 @@ def target_log_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Te
     t = sampling.temperature if sampling.temperature > 0 else 1.0
     x = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
     # masked tokens (-inf logits) get the lowest finite value: products with a 0 probability stay 0
-    return torch.log_softmax(x / t if t != 1.0 else x, -1).clamp(min=torch.finfo(x.dtype).min)
+    return torch.log_softmax(x / t if t != 1.0 else x, -1).clamp_(min=torch.finfo(x.dtype).min)
 
 
 def verify_round(target, tokens, t_len, tree: Tree, q, rule: Rule, u_accept, u_emit, max_depth, remaining, active,
@@ -303,10 +303,16 @@ class _DeferredSignals:
     their memory, and every round would fault in fresh pages (measured: +10% decode time at batch
     16 for LANTERN++ with 5% spent in the signals themselves). Flushed when the buffers are full
     (at most ``max_elements`` per buffer: bounded memory on a real target's vocabulary) and when
-    the loop ends; the values are those of the inline (compiled) path, up to per-row float
-    reductions."""
+    the loop ends. On the CPU the buffers hold at most ``cpu_max_elements``: a flush's ~200 ops
+    are still paid once per ~50 rows on the toy world (3 rounds at batch 16, 51 at batch 1), while
+    the buffers and a flush's temporaries stay a few hundred KiB, which the allocator reuses from
+    flush to flush; buffers of 16 MiB and flushes of all of a run's rounds at once were fresh
+    pages from the OS at every run (measured on the toy world at batch 16: 4-16 thousand page
+    faults a run, up to a third of the signal time; ~0 now). The values are those of the inline
+    (compiled) path, up to per-row float reductions."""
 
     max_elements = 1 << 22  # rounds * B * (n+1) * V elements per buffer at most (16 MiB of float32)
+    cpu_max_elements = 1 << 17  # the same on the CPU (512 KiB of float32): see above
     max_rounds = 64
 
     def __init__(self, dist, tree: Tree, rule: Rule, sampling: SamplingConfig):
@@ -318,7 +324,8 @@ class _DeferredSignals:
     def add(self, logits, p, q, path, n_accepted, vals, max_depth, where, write) -> None:
         t0 = time.perf_counter()
         if self.big is None:
-            rounds = max(1, min(self.max_rounds, self.max_elements // p.numel()))
+            limit = self.cpu_max_elements if p.device.type == "cpu" else self.max_elements
+            rounds = max(1, min(self.max_rounds, limit // p.numel()))
             self.big = tuple(torch.empty((rounds, *x.shape), dtype=x.dtype, device=x.device) for x in (logits, p, q))
         i = len(self.small)
         for buf, x in zip(self.big, (logits, p, q)):
@@ -370,6 +377,9 @@ def _round_signals(logits, p, q, path, n_accepted, vals, tree: Tree, rule: Rule,
     if tree.n_nodes == 0 or (tree.max_children == 1 and lossless(rule, D)):  # pi = p: distortion 0
         # (AR: the root only; a chain's node j is at depth j, the parent of position j)
         tv_kl, xnll = torch.zeros(B, 2, D + 1, dtype=dtype), drawn[:, : D + 1]
+    elif lossless(rule, D):  # a tree under a lossless rule: pi = p at the emitting node whatever the siblings
+        # (recursive rejection is exact, METHODS.md 1.3), so distortion 0 and E[NLL] that of p at the parent
+        tv_kl, xnll = torch.zeros(B, 2, D + 1, dtype=dtype), drawn.gather(1, parent)
     elif tree.max_children == 1:  # chain: exact per depth (docs/distortion.md), at the depths the round emitted
         need = (verified & (depth <= n_accepted.unsqueeze(1) + 1))[:, :D]
         d = chain_distortion(rule, p, q, D, need, logp)

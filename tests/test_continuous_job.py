@@ -146,7 +146,8 @@ def test_continuous_runs_join_the_parquet_table_and_its_summary(assets, tmp_path
 
 
 def test_continuous_benchmark_smoke_run(assets, tmp_path):
-    """benchmarks/continuous_sweep.py end to end on tiny weights: its tables come from the runs."""
+    """benchmarks/continuous_sweep.py end to end on tiny weights: its tables come from the runs
+    (``--no-warmup``: the untimed warm-up batches change nothing but the timings)."""
     import importlib.util
     from pathlib import Path
 
@@ -154,14 +155,14 @@ def test_continuous_benchmark_smoke_run(assets, tmp_path):
                                                   Path(__file__).resolve().parents[1] / "benchmarks" / "continuous_sweep.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    bench.main(["--assets", str(assets), "--prompts", "2,2", "--batches", "1,2", "--gammas", "2", "--modes",
-                "paper,exact", "--out", str(tmp_path / "out"), "--records", str(tmp_path / "rec")])
+    bench.main(["--assets", str(assets), "--prompts", "2,2", "--batches", "1,2", "--gammas", "4", "--modes",
+                "paper,exact", "--no-warmup", "--out", str(tmp_path / "out"), "--records", str(tmp_path / "rec")])
     rows = json.loads((tmp_path / "out" / "summary.json").read_text())["rows"]
     assert {(r["batch"], r["mode"], r["config"]) for r in rows} == {
-        (b, m, c) for b in (1, 2) for m in ("paper", "exact") for c in ("ar", "cspd_g2")}
+        (b, m, c) for b in (1, 2) for m in ("paper", "exact") for c in ("ar", "cspd_g4")}
     for r in rows:
-        if r["config"] == "cspd_g2" and r["mode"] == "paper":  # parallel: one target forward per 2 drafts
-            assert r["target_forwards"] == 4 + 30 and abs(r["forwards_saved"] - (1 - 34 / 64)) < 1e-9
+        if r["config"] == "cspd_g4" and r["mode"] == "paper":  # parallel: 4 pre-filled, then one target forward per 4 drafts
+            assert r["target_forwards"] == 4 + 15 and abs(r["forwards_saved"] - (1 - 19 / 64)) < 1e-9
     assert "| gamma | acceptance | bs=1 | bs=2 |" in (tmp_path / "out" / "speedup_table.md").read_text()
     # 2 prompts are too few for toy_fid's feature covariance: null, so no toy_fid Pareto plot
     assert all(r["toy_fid"] is None for r in rows) and not (tmp_path / "out" / "pareto.png").exists()

@@ -1,5 +1,5 @@
 """Issue 18: the training-free parallel (Jacobi) decoders are lossless through the production
-loop. ``mc_sjd`` (both couplings) and ``sjd`` pass a chi-square test against the exact sequence
+loop. ``mc_sjd`` (both couplings), ``sjd`` and ``sjd_pac`` (two tree shapes) pass a chi-square test against the exact sequence
 distribution of the target as the loop samples it (warpers on: ``TabularAR.warped``) on several
 tabular model pairs and window sizes (n = 20,000, p > 1e-3); an always-accept Jacobi decoder, and
 MC-SJD with upstream's bookkeeping of kept drafts (their old q as the next proposal), fail it
@@ -32,9 +32,13 @@ def _model(V, N, seed):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method, params", [("mc_sjd", {"coupling": "maximal"}), ("mc_sjd", {"coupling": "gumbel"}),
-                                            ("sjd", {})], ids=["maximal", "gumbel", "sjd"])
+                                            ("sjd", {}), ("sjd_pac", {"tree_width": 2, "tree_depth": 2}),
+                                            ("sjd_pac", {"tree_width": 3, "tree_depth": 3})],
+                         ids=["maximal", "gumbel", "sjd", "pac_w2d2", "pac_w3d3"])
 @pytest.mark.parametrize("V, N, seed, window, sampling", CASES, ids=[f"V{c[0]}N{c[1]}s{c[2]}W{c[3]}" for c in CASES])
 def test_jacobi_decoders_are_lossless(method, params, V, N, seed, window, sampling):
+    if params.get("tree_depth", 0) > window:
+        params = {**params, "tree_depth": window}  # the tree fits the window (window 2: one branching depth)
     P = _model(V, N, seed)
     s = sample_stats(P, P, method, window - 1, N_SAMPLES, seed=100 + seed, sampling=sampling, window=window, **params)
     exact = P.warped(sampling).sequence_distribution()
@@ -240,3 +244,63 @@ def test_gsd_trades_fidelity_for_forwards_in_the_lab():
     large = sample_stats(P, P, "gsd", 4, 8000, seed=3, window=5, G=4, p_thr=None)
     assert large["mean_rounds"] < small["mean_rounds"] < sjd["mean_rounds"], (sjd["mean_rounds"], small["mean_rounds"], large["mean_rounds"])
     assert chi_square_pvalue(large["counts"], P.sequence_distribution()) < 1e-6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("init", INITS)
+def test_sjd_pac_spatial_inits_are_lossless(init):
+    """SJD-PAC's tree on top of SJD's spatial initialisations (the top-ups of the rank-0 chain)."""
+    P = _model(3, 6, 4)
+    s = sample_stats(P, P, "sjd_pac", 3, N_SAMPLES, seed=22, sampling=WARPED, grid_width=3, window=4, init=init,
+                     tree_width=2, tree_depth=3)
+    assert chi_square_pvalue(s["counts"], P.warped(WARPED).sequence_distribution()) > ALPHA
+
+
+def test_sjd_pac_of_width_one_is_mc_sjd():
+    """Width 1 (no siblings): SJD-PAC's drafter is MC-SJD's maximal coupling, token for token on the
+    same uniforms (the tree is the chain, the next draft's p is the chain node before it)."""
+    P = _model(4, 6, 5)
+    a = sample_stats(P, P, "sjd_pac", 3, 500, seed=3, sampling=WARPED, window=4, tree_width=1, tree_depth=3)
+    b = sample_stats(P, P, "mc_sjd", 3, 500, seed=3, sampling=WARPED, window=4, coupling="maximal")
+    assert torch.equal(a["tokens"], b["tokens"]) and a["mean_rounds"] == b["mean_rounds"]
+
+
+def test_sjd_pac_tree_and_siblings():
+    """The tree: a full width-ary tree over the first tree_depth - 1 depths, then the rank-0 chain;
+    after a round, the siblings at each branching depth are distinct from candidate 0 and report
+    the without-replacement conditional of p (p with the earlier candidates removed)."""
+    from coolsd.decoding.rng import SharedRNG
+    from coolsd.decoding.trees import pac_tree
+    from coolsd.drafting import PACDrafter, RoundInfo
+
+    t = pac_tree(6, 3, 3)
+    assert [len(lv) for lv in t.levels[1:-1]] == [3, 9, 1, 1, 1] and t.max_children == 3
+    with pytest.raises(ValueError, match="tree_depth <= window"):
+        pac_tree(3, 2, 4)
+    V, B = 7, 5
+    d = PACDrafter(V, 6, 3, 3)
+    d.begin(None, B, torch.zeros(B, dtype=torch.long), None)
+    rng = SharedRNG(B, 0)
+    tokens, q = d.propose(t, rng, torch.full((B,), 5))
+    probs = torch.softmax(torch.randn(B, t.n_nodes + 1, V, generator=torch.Generator().manual_seed(0)), -1).double()
+    n_acc = torch.tensor([0, 1, 2, 0, 5])
+    path = torch.full((B, 5), -1)
+    path[1, 0], path[2, :2], path[4] = 2, torch.tensor([2, 10]), torch.tensor([1, 4, 13, 14, 15])
+    d.observe(RoundInfo(tokens, path, n_acc, torch.ones(B, dtype=torch.long), probs, None))
+    assert d.carry_count.tolist() == [5, 4, 3, 5, 0]
+    cand0 = d.carry_tokens[:, :2]
+    for b in range(B):
+        for s in range(2):
+            if s >= int(d.carry_count[b]):  # a top-up position: no siblings
+                assert d.sib_q[b, s].abs().sum() == 0
+                continue
+            p = d.carry_q[b, s]
+            drawn = [int(cand0[b, s])] + d.sib[b, s].tolist()
+            assert len(set(drawn)) == 3
+            for r in range(2):
+                expect = p.clone()
+                expect[drawn[: r + 1]] = 0
+                assert torch.allclose(d.sib_q[b, s, r], expect / expect.sum())
+    # sample 2 accepted node 10 (depth 2, under rank-2 node 2): its line continues on the chain
+    assert d.follow[10, 3] == 13 and d.follow[0, 1] == 1 and d.follow[2, 2] == int(t.children[2, 0])
+    assert torch.allclose(d.carry_q[2, 0], probs[2, 13]) and torch.allclose(d.carry_q[0, 0], probs[0, 1])

@@ -20,11 +20,13 @@ def toy_runs(tmp_path_factory):
     from tests import factories
 
     out = {}
-    for name, extra in {"eagle": ["method=eagle"], "coolsd": ["method=coolsd", "method.delta=2.0"],
-                        "tree": ["method=coolsd", "tree=mc_sim_7b_63"],
-                        "off": ["method=lantern_pp", "quality_signals=false"]}.items():
+    # (overrides, prompts): the record-level tests of "tree" and "off" need no paired statistics
+    # over 4 prompts, 2 (one batch) show what every record and the summary carry
+    for name, (extra, n) in {"eagle": (["method=eagle"], 4), "coolsd": (["method=coolsd", "method.delta=2.0"], 4),
+                             "tree": (["method=coolsd", "tree=mc_sim_7b_63"], 2),
+                             "off": (["method=lantern_pp", "quality_signals=false"], 2)}.items():
         folder = tmp_path_factory.mktemp(name)
-        summary = run(factories.compose("target=toy", *extra, "dataset.n_prompts=4", "batch_size=4", f"+out_dir={folder}"))
+        summary = run(factories.compose("target=toy", *extra, f"dataset.n_prompts={n}", "batch_size=4", f"+out_dir={folder}"))
         out[name] = (summary, _records(folder), folder)
     return out
 

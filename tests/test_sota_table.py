@@ -1,6 +1,6 @@
 """Issue 18, item 7: ``make sota-table`` (coolsd.report.sota) on the toy world and on tiny random
 files of both real targets: every row (AR, EAGLE-1, COOL-SD 1.1 / 2, SJD random / vertical_repeat,
-MC-SJD, GSD) runs on one loaded target with one protocol, the table has its columns, the papers'
+MC-SJD, SJD-PAC, GSD) runs on one loaded target with one protocol, the table has its columns, the papers'
 own numbers sit in their labelled column, and MC-SJD's paired difference to SJD is reported.
 The numbers are meaningless at this size: the layout and the rows are what is tested."""
 import pytest
@@ -16,8 +16,8 @@ def _check_table(df, target, n_tokens):
     assert (df["tokens_per_forward"] > 0).all() and (df["tokens_per_forward"] <= n_tokens).all()
     ar = df.set_index("method").loc["AR"]
     assert ar["tokens_per_forward"] < 1.0 + 1e-9 and ar["speedup"] == 1.0  # AR: one token per forward (+ prefill)
-    lossless = df[df["method"].str.startswith(("EAGLE", "SJD", "MC-SJD"))]
-    assert (lossless["step_tv"].fillna(0) == 0).all()  # exactly 0 (trees: not reported)
+    lossless = df[df["method"].str.startswith(("EAGLE", "SJD", "MC-SJD"))]  # SJD-PAC too
+    assert len(lossless) == 5 and (lossless["step_tv"] == 0).all()  # exactly 0, trees too (a lossless rule's pi is p)
 
 
 def test_toy_sota_table_has_every_row_and_the_coupling_test(tmp_path):
@@ -26,7 +26,7 @@ def test_toy_sota_table_has_every_row_and_the_coupling_test(tmp_path):
     _check_table(df, "toy", n_tokens)
     sota.write_tables(df, tmp_path, sota.QUALITY["toy"])
     md = (tmp_path / "sota.md").read_text()
-    assert "| toy | GSD (G=14) |" in md and "SJD-PAC is not built" in md
+    assert "| toy | GSD (G=14) |" in md and "| toy | SJD-PAC (width 4, depth 3) |" in md
     x = sota.coupling_test(recs)
     assert x["n"] == 2 and x["metric"] == "target_forwards" and "MC-SJD (maximal) - SJD" in sota.coupling_line(x)
     # the Jacobi rows ran at the toy window, drafted rows as chains of 4
@@ -56,6 +56,8 @@ def test_real_target_sota_table_on_tiny_files(target, tmp_path, request):
     if target == "lumina_mgpt":
         mc = next(x for x in md.splitlines() if x.startswith(f"| {target} | MC-SJD (maximal) |"))
         assert "4.21" in mc and "SJD protocol" in mc
+        pac = next(x for x in md.splitlines() if x.startswith(f"| {target} | SJD-PAC (width 4, depth 3) |"))
+        assert "3.80" in pac and "SJD protocol" in pac
 
 
 @pytest.mark.parametrize("target", ["lumina_mgpt", "llamagen_xl"])

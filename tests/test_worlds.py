@@ -1,10 +1,10 @@
 """The world contract, for every registered world (tiny random files of the real classes for the
 real targets, the shipped toy weights, tiny toy continuous weights, the theory lab): its files are
-listed up front when missing; under ``deterministic.batch_invariant=true`` a batch-4 run writes
-the batch-1 run's records and images bit for bit; a run killed part-way resumes to the
-uninterrupted run's records; two shards merged by ``coolsd.merge`` give the one-process run's
-records and a summary with every field of the one-process summary. One registry entry per
-target, one conf file per registry entry."""
+listed up front when missing; under ``deterministic.batch_invariant=true`` a batch-2 run of 3
+prompts (a full batch and a remainder) writes the batch-1 run's records and images bit for bit;
+a run killed part-way resumes to the uninterrupted run's records; two shards merged by
+``coolsd.merge`` give the one-process run's records and a summary with every field of the
+one-process summary. One registry entry per target, one conf file per registry entry."""
 import json
 import shutil
 from pathlib import Path
@@ -18,15 +18,18 @@ from coolsd.runner import run
 from coolsd.worlds import WORLDS, world_class, world_names
 
 ROOT = Path(__file__).resolve().parents[1]
-# (method overrides, prompts) per world: small, but with a batch of 4 and one of the rest
+# (method overrides, prompts) per world: small, but with a batch of BATCH and one of the rest
+# (3 prompts at batch 2: the full-batch and remainder shapes), and enough records (3 prompts x
+# 2 methods) for the killed run below to stop inside the third
+BATCH = 2
 RUNS = {
-    "toy": (["method=coolsd"], 5),
-    "toy_continuous": (["method=cspd", "method.gamma=4"], 5),
-    "llamagen_xl": (["method=coolsd"], 5),
-    "llamagen_xl_512": (["method=eagle", "tree=mc_sim_7b_63"], 5),
-    "lumina_mgpt": (["method=eagle", "tree=chain", "tree.draft_length=3"], 5),
-    "mar_h": (["method=cspd", "method.gamma=4"], 5),
-    "mar_l": (["method=cspd", "method.gamma=4", "method.mode=exact", "method.verify=prefix"], 5),
+    "toy": (["method=coolsd"], 3),
+    "toy_continuous": (["method=cspd", "method.gamma=4"], 3),
+    "llamagen_xl": (["method=coolsd"], 3),
+    "llamagen_xl_512": (["method=eagle", "tree=mc_sim_7b_63"], 3),
+    "lumina_mgpt": (["method=eagle", "tree=chain", "tree.draft_length=3"], 3),
+    "mar_h": (["method=cspd", "method.gamma=4"], 3),
+    "mar_l": (["method=cspd", "method.gamma=4", "method.mode=exact", "method.verify=prefix"], 3),
     "tabular": (["method=coolsd", "target.n_samples=500"], 3),
 }
 TIMING = ("latency_s", "decode_s", "hardware", "batch_size", "draft_forwards")  # draft_forwards: per batch
@@ -82,11 +85,12 @@ def test_world_contract(name, compose, world_overrides, tmp_path):
     n = RUNS[name][1]
     assert len(recs) == n * len(tags) and s_one["n_prompts"] == n and s_one["target"] == name
 
-    # batch 4 = batch 1, bit for bit, under the flag
-    four = tmp_path / "four"
-    s_four = run(_cfg(compose, world_overrides, name, four, inv, "batch_size=4"))
-    assert s_four["batch_size"] == 4 and _strip(_records(four)) == _strip(recs)
-    assert _same_images(one, four, recs)
+    # batch BATCH = batch 1, bit for bit, under the flag: a full batch and the remainder's
+    batched = tmp_path / "batched"
+    s_batched = run(_cfg(compose, world_overrides, name, batched, inv, f"batch_size={BATCH}"))
+    assert s_batched["batch_size"] == BATCH and _strip(_records(batched)) == _strip(recs)
+    assert {r.get("batch_size", 1) for r in _records(batched)} == {BATCH, n % BATCH}
+    assert _same_images(one, batched, recs)
 
     # killed part-way (two records and half a line written, an orphan PNG of the next sample): resumes
     killed = tmp_path / "killed"

@@ -59,13 +59,19 @@ def _gstar_emitted(p: torch.Tensor, q: torch.Tensor, a: torch.Tensor) -> torch.T
 
 # neighbour columns of the first block of the eager early-exit aggregation (_aggregate_all)
 _FIRST_BLOCK = 16
+# eager LANTERN aggregation over the vocabulary goes token-major (``lantern.token_major``, bit for bit
+# the same values) from this many rows on: measured on the toy world (V = 512, k = 10), the same time
+# either way at 16 rows, 0.7x token-major at 64 rows (a deferred-signal call: ~80 rows)
+_TOKEN_MAJOR_FROM = 16
 
 
 def _aggregate_all(rule: LanternRule, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(p~, relaxed) at every token, each (N, V): ``coolsd.decoding.lantern.aggregate(p, rule.nb_k,
     None, ...)`` (== ``rule.numerator``), which it calls with k <= 32 (LANTERN++'s k = 10) or
-    compiled (static shapes, no host reads). In eager mode with a larger k (LANTERN's k = 1000) it
-    gives the same values bit for bit at a fraction of the cost: c_m = sum_{j<=m} p(n_j(x)) is
+    compiled (static shapes, no host reads); eager with many rows and k <= lantern.UNROLL_MAX,
+    ``lantern.aggregate_token_major`` on the transpose gives the same values bit for bit. In eager
+    mode with a larger k (LANTERN's k = 1000) it gives the same values bit for bit at a fraction of
+    the cost: c_m = sum_{j<=m} p(n_j(x)) is
     non-decreasing in m, so the admissible m (c_m <= budget) form a prefix and m* is their count;
     the neighbour columns come in blocks (16, then doubling), each computed only for the (row,
     token) pairs whose prefix is still admissible through the previous block, from their float64
@@ -74,6 +80,9 @@ def _aggregate_all(rule: LanternRule, p: torch.Tensor) -> tuple[torch.Tensor, to
     nb = rule.nb_k
     N, V = p.shape
     k = nb.shape[1]
+    if _lantern.token_major(p, nb, _TOKEN_MAJOR_FROM):  # eager rows in bulk, k <= UNROLL_MAX: bit for bit
+        p_tilde, relaxed = _lantern.aggregate_token_major(p.t().contiguous(), nb, lam=rule.lam, delta=rule.delta)
+        return p_tilde.t().contiguous(), relaxed.t().contiguous()
     if compiling() or k <= 2 * _FIRST_BLOCK:  # every column at once: the rule's own aggregation
         return _lantern.aggregate(p, nb, None, lam=rule.lam, delta=rule.delta)
     budget = (rule.lam - 1) * p if rule.lam is not None else torch.full_like(p, rule.delta)
@@ -109,9 +118,14 @@ def _lantern_emitted(rule: LanternRule, p: torch.Tensor, q: torch.Tensor) -> tor
     min(p, q)(y) for y in N(x) does not depend on x, it factors: sum_x c(x) Delta_x(y) =
     min(p, q)(y) * sum_{x relaxed, y in N(x)} c(x), so only the (N, V) weights c are scattered
     (``lantern.reverse_sum``: an index_add with the flat (V (k+1),) index in eager code, a gather
-    through the reverse neighbour table in compiled code)."""
-    N, V = p.shape
+    through the reverse neighbour table in compiled code). Eager code (k + 1 <= lantern.UNROLL_MAX)
+    goes to ``_lantern_emitted_token_major``, the same formula, for any number of rows: a row's
+    value may not depend on which rows share its call (coolsd.batch_invariant), and the two
+    paths differ in the last bits."""
     nb1 = rule.nb_k1
+    if _lantern.token_major(p, nb1, 1):  # eager: every row count alike (a row's value must not depend on N)
+        return _lantern_emitted_token_major(rule, p.t().contiguous(), q.t().contiguous()).t().contiguous()
+    N, V = p.shape
     p_tilde, relaxed = _aggregate_all(rule, p)
     f = acceptance_prob(p_tilde, q)  # f(x) at every x, as LanternRule.step evaluates it at the draft
     w = q * (1 - f)  # probability of drafting x and rejecting it
@@ -134,14 +148,60 @@ def _lantern_emitted(rule: LanternRule, p: torch.Tensor, q: torch.Tensor) -> tor
     return pi + m * into
 
 
+def _lantern_emitted_token_major(rule: LanternRule, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``_lantern_emitted`` on the transposes: p, q (V, N) -> pi (V, N), formula (3) of
+    docs/distortion.md with the same elementwise steps (bit for bit); the sums over N(x) and the
+    reverse scatter add in another order (equal up to float rounding). Each column's value does not
+    depend on the other columns (``_vocab_sum``). Token-major, every neighbour read
+    is a copy of whole rows (``lantern.aggregate_token_major``, ``neighbour_sum_token_major``,
+    ``reverse_sum_token_major``, no (N, V, k) tensor), and the steps run in place on a few (V, N)
+    buffers: fresh large tensors are fresh pages from the OS, whose faults measured as much as the
+    arithmetic on the toy world. Masks are float 0/1 (a boolean ``where`` / ``masked_fill`` on
+    (512, 80) measured 25x the time of a product with a float mask on the CPU): x * mask for
+    where(mask, x, 0), equal for the finite x here, and a safe divisor d + (1 - mask), equal to d
+    where the mask is 1. Needs k + 1 <= lantern.UNROLL_MAX neighbours."""
+    nb1 = rule.nb_k1
+    f, relaxed = _lantern.aggregate_token_major(p, rule.nb_k, lam=rule.lam, delta=rule.delta)  # f <- p~
+    relaxed = relaxed.to(p.dtype)  # float masks from here on (see the docstring)
+    drafted = torch.gt(q, 0, out=torch.empty_like(q))  # rules.acceptance_prob, in place:
+    f.div_(q + (1 - drafted)).clamp_(max=1.0).mul_(drafted)  # min(1, p~ / q) where q > 0 (q + 0 = q), else 0
+    w = f.neg().add_(1.0).mul_(q)  # q (1 - f): probability of drafting x and rejecting it
+    r0 = torch.sub(p, q).clamp_(min=0.0)
+    m = torch.minimum(p, q)  # Delta_x on N(x)
+    s = _lantern.neighbour_sum_token_major(m, nb1).mul_(relaxed)  # sum_{y in N(x)} min(p, q)(y) if relaxed(x)
+    s.add_(_vocab_sum(r0))  # mass of r_x at every x
+    ok = torch.gt(s, _TINY, out=torch.empty_like(s))
+    notok = 1 - ok
+    c = torch.div(w, s.add_(notok), out=s).mul_(ok)  # weight of Norm(r_x): w / s, 0 where r_x has no mass
+    massless = _vocab_sum(w.mul_(notok))  # weight of the fallback to p
+    pi = f.mul_(q).add_(r0.mul_(_vocab_sum(c))).add_(p * massless)  # q f + (sum c) r0 + ... p
+    into = _lantern.reverse_sum_token_major(c.mul_(relaxed), nb1)  # sum_{x relaxed, y in N(x)} c(x)
+    return pi.add_(m.mul_(into))
+
+
+def _vocab_sum(xT: torch.Tensor) -> torch.Tensor:
+    """(1, N): the sum over the vocabulary of xT (V, N), taken on the row-major copy, whose row sums
+    do not depend on N; a reduction along dim 0 does (measured: 124 of 300 columns of a (512, 300)
+    tensor summed alone differ in the last bit from the same columns summed together)."""
+    return xT.t().contiguous().sum(-1).unsqueeze(0)
+
+
 def tv(pi: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """Total variation 1/2 sum |pi - p| along the last dim."""
     return 0.5 * (pi - p).abs().sum(-1)
 
 
 def kl(pi: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """KL(pi || p) along the last dim; inf where pi has mass outside p's support (0 log 0 = 0)."""
-    return (torch.special.xlogy(pi, pi) - torch.special.xlogy(pi, p)).sum(-1)
+    """KL(pi || p) = sum_y pi(y) (log pi(y) - log p(y)) along the last dim; inf where pi has mass
+    outside p's support (log 0 = -inf), 0 log 0 = 0. Where pi(y) = 0, both logs read 1 instead
+    (z = 1): the term is 0 * (0 - log(p + 1)) = 0, with no 0 * inf; elsewhere z = 0 changes
+    nothing. ``torch.log`` and float masks are the vectorised kernels on the CPU
+    (``torch.special.xlogy`` measured 5x the time of ``torch.log``, and the xlogy KL most of a
+    scaled rule's signal cost); the result equals the xlogy form up to float rounding (log to
+    within an ulp; the difference of the logs, not the log of the ratio, which overflows where p is
+    subnormal)."""
+    z = torch.eq(pi, 0, out=torch.empty_like(pi))  # 1.0 where pi = 0
+    return (pi * (torch.log(pi + z) - torch.log(p + z))).sum(-1)
 
 
 def expected_nll(pi: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
@@ -206,12 +266,17 @@ def chain_distortion(rule: Rule, p: torch.Tensor, q: torch.Tensor, depth: int,
         pi = torch.stack([emitted_distribution(rule, P[:, d - 1], Q[:, d - 1], d) for d in range(1, depth + 1)], 1)
         return signals(pi, P, L)
     # LANTERN: depth-independent, O(V k) a row; eager computes only the rows the round emitted
-    P, Q = P.reshape(B * depth, V), Q.reshape(B * depth, V)
-    L = L.reshape(B * depth, V) if L is not None else None
     select = need is not None and not compiling() and B * depth >= _SELECT_ROWS_FROM
     rows = need.reshape(-1).nonzero().squeeze(1) if select else None
-    if rows is not None:
-        P, Q, L = P[rows], Q[rows], (L[rows] if L is not None else None)
+    if rows is not None:  # row b * depth + d - 1 (depth d of sample b) reads node d - 1 of p, node d of q
+        n1 = p.shape[1]
+        node = (rows // depth) * n1 + rows % depth
+        P = p.reshape(-1, V).index_select(0, node)
+        Q = q.reshape(-1, V).index_select(0, node + 1).to(p.dtype)
+        L = logp.reshape(-1, V).index_select(0, node) if logp is not None else None
+    else:
+        P, Q = P.reshape(B * depth, V), Q.reshape(B * depth, V)
+        L = L.reshape(B * depth, V) if L is not None else None
     out = signals(emitted_distribution(rule, P, Q, 1), P, L)
     if rows is not None:  # rows the round never reached: 0 (never written)
         out = ChainSignals(*(P.new_zeros(B * depth).index_copy_(0, rows, x) if x is not None else None for x in out))

@@ -58,6 +58,49 @@ def aggregate(
     return px + c_star, count > 0
 
 
+def token_major(p: torch.Tensor, nb: torch.Tensor, rows_from: int) -> bool:
+    """Whether eager all-vocabulary kernels on p (N, V) should work on its transpose (V, N)
+    (``aggregate_token_major``, ``neighbour_sum_token_major``, ``reverse_sum_token_major``): there,
+    reading every token's j-th neighbour is a copy of whole rows (``index_select`` along dim 0)
+    instead of an element gather, and sums over the k neighbours accumulate one column at a time in
+    place, with no (N, V, k) tensor. For eager float32 / float64 p with at least ``rows_from`` rows
+    (below, the (N, V, k) form's fewer ops cost less) and k <= UNROLL_MAX (LANTERN's k = 1000 keeps
+    the blocked early exit of ``distortion._aggregate_all``). The LANTERN rule itself keeps
+    ``aggregate``: these serve the exact distortion (``coolsd.decoding.distortion``)."""
+    return (not compiling() and p.dim() == 2 and p.shape[0] >= rows_from and nb.shape[1] <= UNROLL_MAX
+            and p.dtype in (torch.float32, torch.float64))
+
+
+def aggregate_token_major(pT: torch.Tensor, nb: torch.Tensor, *, lam=None,
+                          delta=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``aggregate(pT.t(), nb, None)`` transposed, bit for bit for finite p >= 0: pT (V, N) float32 /
+    float64 -> (p~, relaxed), each (V, N). c_m is accumulated column by column in float64 and
+    rounded to pT's dtype after each column, which is what the CPU's ``cumsum`` does for float32
+    and float64 alike (a float64 accumulator, each partial sum rounded). c_m is non-decreasing in m
+    (sums of values >= 0, rounded monotonically), so the admissible m (c_m <= budget) form a prefix
+    and the last admissible c_m is the largest: best = max(best, c_m * [c_m <= budget]) keeps it
+    (c_m * 1 = c_m and c_m * 0 = 0 exactly; best >= 0), and m* > 0 iff c_1 is admissible
+    (METHODS.md 3). The masks are float 0/1: float compares, products and maxima are the fast
+    kernels here (boolean outputs and ``where`` measured 3x slower a pass on the CPU)."""
+    if lam is not None:  # (lam - 1) p(x); 1.0 * p is p exactly (LANTERN++'s lam = 2): no copy
+        budget = pT if lam - 1 == 1.0 else (lam - 1) * pT
+    else:
+        budget = torch.full_like(pT, delta)
+    p64, nbt = pT.to(torch.float64), nb.t().contiguous()  # nbt[j]: every token's j-th neighbour
+    acc = p64.index_select(0, nbt[0])  # c_1 = p(n_1(x)) at row x: whole rows of N
+    c = acc.to(pT.dtype)
+    relaxed = c <= budget
+    okf, col = torch.empty_like(pT), torch.empty_like(acc)
+    best = c * relaxed
+    for j in range(1, nb.shape[1]):
+        torch.index_select(p64, 0, nbt[j], out=col)
+        acc.add_(col)  # the float64 accumulator
+        c.copy_(acc)  # c_j rounded to p's dtype, as cumsum's output
+        torch.le(c, budget, out=okf)
+        torch.maximum(best, okf.mul_(c), out=best)
+    return best.add_(pT), relaxed  # p~ = p + c_{m*} (0 where no m is admissible)
+
+
 def _unroll(p: torch.Tensor, nb: torch.Tensor) -> bool:
     """Whether the all-vocabulary kernels go column by column: in compiled code, where Inductor
     fuses the k gathers into one pass over (N, V), for k <= UNROLL_MAX. Eager code keeps the
@@ -103,6 +146,25 @@ def neighbour_sum(v: torch.Tensor, nb: torch.Tensor) -> torch.Tensor:
             out = out + v.index_select(1, nb[:, j])
         return out
     return at_neighbours(v, nb).sum(-1)
+
+
+def neighbour_sum_token_major(vT: torch.Tensor, nb: torch.Tensor) -> torch.Tensor:
+    """``neighbour_sum(vT.t(), nb)`` transposed, vT (V, N) -> (V, N), up to float summation order:
+    one neighbour column at a time (a copy of whole rows, added in place), no (V, k, N) tensor."""
+    nbt = nb.t().contiguous()
+    out, col = vT.index_select(0, nbt[0]), torch.empty_like(vT)
+    for j in range(1, nbt.shape[0]):
+        out.add_(torch.index_select(vT, 0, nbt[j], out=col))
+    return out
+
+
+def reverse_sum_token_major(cT: torch.Tensor, nb: torch.Tensor) -> torch.Tensor:
+    """``reverse_sum(cT.t(), nb)`` transposed, cT (V, N) -> (V, N), up to float summation order: row
+    c[x] added into row nb[x, j], one neighbour column j at a time (whole rows, in place)."""
+    out = torch.zeros_like(cT)
+    for j in range(nb.shape[1]):
+        out.index_add_(0, nb[:, j], cT)
+    return out
 
 
 def reverse_neighbours(nb: torch.Tensor) -> torch.Tensor:

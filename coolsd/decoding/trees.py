@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -155,6 +156,20 @@ def _with_views(tree: Tree) -> Tree:
 
 
 HOST_VIEWS = ("max_depth", "n_children_list", "parent_list", "children_list", "levels", "expanded_nodes")
+
+
+def pac_tree(window: int, width: int, depth: int) -> Tree:
+    """SJD-PAC's static tree (arXiv 2603.18599, "proactive drafting"; KangJialiang/SJD-PAC
+    ``generate_tree_mask_and_retrieve``): a full ``width``-ary tree over the first ``depth - 1``
+    depths below the root (``depth`` counts the root's level, as upstream's ``tree_depth``), then the
+    rank-0 chain on to depth ``window - 1``. ``depth = 1`` or ``width = 1``: SJD's chain."""
+    n = window - 1
+    if not 1 <= depth <= window or width < 1:
+        raise ValueError(f"sjd_pac needs width >= 1 and 1 <= tree_depth <= window, got width={width}, "
+                         f"tree_depth={depth}, window={window}")
+    paths = [p for d in range(1, depth) for p in itertools.product(range(width), repeat=d)]
+    paths += [(0,) * d for d in range(max(depth, 1), n + 1)]
+    return build_tree(paths, name=f"pac{window}w{width}d{depth}")
 
 
 def make_tree(tree: str | Sequence[Sequence[int]], draft_length: int | None = None) -> Tree:

@@ -26,7 +26,7 @@ def _check_pair(target: TabularAR, draft: TabularAR):
 
 
 def _method(target, method, draft_length, tree, params):
-    if method in ("sjd", "mc_sjd") and "window" not in params:
+    if method in ("sjd", "mc_sjd", "sjd_pac", "gsd") and "window" not in params:
         params = {**params, "window": int(draft_length) + 1}
     nb = neighbours_from_codebook(target.codebook) if method in ("lantern", "lantern_pp") else None
     return build_method(method, tree=tree, draft_length=draft_length, neighbours=nb, vocab_size=target.V, **params)

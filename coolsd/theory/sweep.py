@@ -37,6 +37,8 @@ SAMPLED_CURVES = {
     "sjd": [("sjd", {})],
     "mc_sjd maximal": [("mc_sjd", {"coupling": "maximal"})],
     "mc_sjd gumbel": [("mc_sjd", {"coupling": "gumbel"})],
+    "sjd_pac width 2": [("sjd_pac", {"tree_width": 2, "tree_depth": 3})],
+    "sjd_pac width 4": [("sjd_pac", {"tree_width": 4, "tree_depth": 3})],
     "gsd (G ranks, no p filter)": [("gsd", {"G": g, "p_thr": None}) for g in GROUPS],
     "gsd +G*": [("gsd", {"G": g, "p_thr": None, "resample": "gstar"}) for g in GROUPS],
 }

@@ -15,7 +15,7 @@ from coolsd.theory.sweep import lab_pairs
 from coolsd.theory.tabular import TabularAR
 from coolsd.worlds.base import Column, Sample, World
 
-LOSSLESS = ("ar", "eagle", "sjd", "mc_sjd")
+LOSSLESS = ("ar", "eagle", "sjd", "mc_sjd", "sjd_pac")
 
 
 @dataclass(frozen=True)
