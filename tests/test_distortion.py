@@ -215,3 +215,25 @@ def test_compiled_kernels_emit_the_brute_force_distribution(monkeypatch, name, s
     want = _brute_force(RULES[name], p, q, 1)
     _compiled_kernels(monkeypatch)
     torch.testing.assert_close(emitted_distribution(RULES[name], p, q, 1), want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("lam, delta", [(2.0, None), (1.5, None), (None, 0.3)])
+def test_token_major_aggregation_is_the_rules_bit_for_bit(dtype, lam, delta):
+    """The distortion's token-major LANTERN aggregation (``lantern.aggregate_token_major``, used for
+    many eager rows) returns exactly what the rule's own ``aggregate`` does on the same rows, with
+    ties, zeros and one-hot rows among them."""
+    from coolsd.decoding.lantern import aggregate, aggregate_token_major
+
+    g = torch.Generator().manual_seed(11)
+    V, k = 40, 10
+    nb = neighbours_from_codebook(torch.randn(V, 3, generator=g))[:, :k]
+    p = torch.softmax(2 * torch.randn(48, V, generator=g), -1).to(dtype)
+    p[0] = 0
+    p[0, 3] = 1  # one-hot
+    p[1, :20] = p[1, 20:]  # ties
+    p[2, ::2] = 0  # zeros
+    p = p / p.sum(-1, keepdim=True)
+    want, want_relaxed = aggregate(p, nb, None, lam=lam, delta=delta)
+    got, got_relaxed = aggregate_token_major(p.t().contiguous(), nb, lam=lam, delta=delta)
+    assert torch.equal(got.t(), want) and torch.equal(got_relaxed.t(), want_relaxed)
