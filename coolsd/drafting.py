@@ -316,10 +316,8 @@ class JacobiDrafter:
         q = self._q[:, 2:].to(p.dtype)
         pd = p[:, :-1].gather(-1, d.unsqueeze(-1)).squeeze(-1)
         qd = q.gather(-1, d.unsqueeze(-1)).squeeze(-1)
-        keep = self._u_keep[:, :-1] * qd < pd
-        resid = normalize(torch.clamp(p[:, :-1] - q, min=0.0), p[:, :-1])  # Norm([p - q]_+)
-        moved = sample_inverse_cdf(resid, self._u_next[:, :-1])
-        return torch.cat([torch.where(keep, d, moved), y[:, -1:]], 1)
+        coupled, _ = _maximal_coupling(d, q, p[:, :-1], qd, pd, self._u_keep[:, :-1], self._u_next[:, :-1])
+        return torch.cat([coupled, y[:, -1:]], 1)
 
     def observe(self, info: RoundInfo) -> None:
         n = self.n
@@ -389,7 +387,7 @@ class PACDrafter(JacobiDrafter):
     tests/test_parallel_decoders.py): a position still drafted has never been tested, so given
     the tests so far its candidates are distributed as the conditionals they report. Upstream
     draws the siblings from the coupling's residual [p - q]_+ instead while reporting them as
-    draws from p: in the lab that bookkeeping fails the chi-square test."""
+    draws from p; reproduced in the lab, that showed no detectable distortion (docs/sjd_pac.md)."""
 
     def __init__(self, vocab_size: int, window: int, width: int, depth: int, token_range=None, active_range=None,
                  init: str = "random", grid_width: Optional[int] = None):
@@ -453,14 +451,14 @@ class PACDrafter(JacobiDrafter):
         qd = q_old.gather(-1, d.unsqueeze(-1)).squeeze(-1)
         inside = e <= n
         u = (e - 2).clamp(max=n - 1)  # the uniforms of depth e (MC-SJD's: the same tokens at width 1)
-        keep = inside & (self._u_keep.gather(1, u) * qd < pd)
-        resid = torch.where(inside.unsqueeze(-1), normalize(torch.clamp(p - q_old, min=0.0), p), p)
-        cand = torch.where(keep, d, sample_inverse_cdf(resid, self._u_next.gather(1, u)))
+        u_next = self._u_next.gather(1, u)
+        coupled, _ = _maximal_coupling(d, q_old, p, qd, pd, self._u_keep.gather(1, u), u_next)
+        cand = torch.where(inside, coupled, sample_inverse_cdf(p, u_next))  # past the window: a fresh draw
         self.carry_count = n - m
         self.carry_tokens, self.carry_q = cand, p
         if self._u_sib is not None:
             S = self.S
-            base = self._sibling_base(p[:, :S], cand[:, :S], resid[:, :S])
+            base = self._sibling_base(p[:, :S], cand[:, :S])
             toks, cond = sample_without_replacement(base, self._u_sib, self.K - 1)
             carried = (torch.arange(S).unsqueeze(0) < self.carry_count.unsqueeze(1)).view(B, S, 1, 1)
             self.sib, self.sib_q = toks, torch.where(carried, cond, 0.0)
@@ -469,10 +467,20 @@ class PACDrafter(JacobiDrafter):
         self.root = info.emitted.clamp(min=0)
 
     @staticmethod
-    def _sibling_base(p: torch.Tensor, cand: torch.Tensor, resid: torch.Tensor) -> torch.Tensor:
+    def _sibling_base(p: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
         """(B, S, V): the distribution the siblings are drawn from without replacement: p with
         candidate 0 removed (so all candidates are draws without replacement from p)."""
         return normalize(p.scatter(-1, cand.unsqueeze(-1), 0.0), torch.zeros_like(p))
+
+
+def _maximal_coupling(d, q, p, qd, pd, u_keep, u_next):
+    """MC-SJD's maximal coupling of a draft d ~ q to p (JacobiDrafter's class docstring): keep d
+    with probability min(1, p(d) / q(d)), else draw from Norm([p - q]_+) (p where that has no
+    mass). d, qd = q(d), pd = p(d), u_keep, u_next: (...); q, p: (..., V). Returns (the coupled
+    draft, distributed as p; whether d was kept)."""
+    keep = u_keep * qd < pd
+    resid = normalize(torch.clamp(p - q, min=0.0), p)
+    return torch.where(keep, d, sample_inverse_cdf(resid, u_next)), keep
 
 
 def _gumbel(u: torch.Tensor) -> torch.Tensor:
