@@ -2,7 +2,8 @@
 (``speculative_generate(distortion=True)``: exact distortion, target NLL, off-support, depth) and
 without, side by side in one run. Every prompt group is decoded twice with the same seeds,
 interleaved, the order alternating per group so drift hits both alike; overhead = sum(latency on) /
-sum(latency off) - 1 over the groups, with the paired per-group median beside it. Goal: < 5%.
+sum(latency off) - 1 over the groups with a paired bootstrap 95% interval over the groups
+(``coolsd.stats.ratio_ci``), and the paired per-group median beside it. Goal: < 5%.
 Beside them, the minor page faults per run (this thread's, Linux): fresh memory from the OS, a
 cost of large temporary tensors that the signal work is sized to avoid (coolsd.generate).
 
@@ -26,6 +27,7 @@ from coolsd.generate import speculative_generate
 from coolsd.job import prompt_seed
 from coolsd.records import write_json_atomic
 from coolsd.runner import compose
+from coolsd.stats import ratio_ci
 from coolsd.timing import cpu_name
 from coolsd.worlds import load_world
 
@@ -46,6 +48,10 @@ def _minor_faults() -> float:
         return float(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt)
     except (ImportError, AttributeError, OSError):
         return float("nan")
+
+
+def _ci(r: dict) -> str:
+    return "-" if r["overhead_ci"] is None else "[{:+.1f}%, {:+.1f}%]".format(*(100 * x for x in r["overhead_ci"]))
 
 
 def decode(world, method, cond, seeds, signals: bool) -> tuple[float, float, float]:
@@ -74,6 +80,9 @@ def main(argv=None):
     torch.set_num_threads(a.threads)
     batches = [int(b) for b in a.batches.split(",")]
     tags = a.methods.split(",")
+    unknown = [t for t in tags if t not in METHODS]
+    if unknown:
+        ap.error(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join(METHODS)}")
     rows = []
     for mode in a.modes.split(","):
         cfg = compose("target=toy", f"dataset.n_prompts={max(batches) * a.prompts}", f"compile={str(mode == 'compiled').lower()}")
@@ -103,28 +112,31 @@ def main(argv=None):
                             timed[t].append(signal_s)
             for t in tags:
                 on, off = lat[t][True], lat[t][False]
+                ci = ratio_ci(on, off, paired=True)
                 r = {"mode": mode, "batch": B, "method": t, "ms_off": 1e3 * sum(off) / len(off) / B,
                      "ms_on": 1e3 * sum(on) / len(on) / B, "overhead": sum(on) / sum(off) - 1,
+                     "overhead_ci": [ci["lo"] - 1, ci["hi"] - 1] if "lo" in ci else None,
                      "paired_median": statistics.median(x / y - 1 for x, y in zip(on, off)),
                      "timed_share": sum(timed[t]) / sum(on),  # NaN for compiled rounds (not timed inside)
                      "faults_on": statistics.median(faults[t][True]), "faults_off": statistics.median(faults[t][False])}
                 rows.append(r)
                 print(f"{mode:8s} batch {B:2d} {t:18s} {r['ms_off']:7.1f} -> {r['ms_on']:7.1f} ms/image  "
-                      f"{100 * r['overhead']:+6.2f}% (paired median {100 * r['paired_median']:+6.2f}%, "
+                      f"{100 * r['overhead']:+6.2f}% {_ci(r)} (paired median {100 * r['paired_median']:+6.2f}%, "
                       f"timed inside {100 * r['timed_share']:.2f}%, page faults a run {r['faults_on']:.0f} on, "
                       f"{r['faults_off']:.0f} off)", flush=True)
     lines = [f"Per-token quality signals (issue 15) on the toy world: decode time with and without, side by side, "
              f"{a.prompts} prompt groups per batch size, chain L=4, {cpu_name()}, {a.threads} thread(s). Produced by "
-             "`python benchmarks/signal_overhead.py`. Goal: < 5%. 'timed inside': in eager mode the loop times its "
+             "`python benchmarks/signal_overhead.py`. Goal: < 5%. Overhead: sum of decode times with / without - 1 over "
+             "the groups; 95% CI: a paired bootstrap over the groups (`coolsd.stats.ratio_ci`). 'timed inside': in eager mode the loop times its "
              "own signal work (the deferred sink, `GenerationResult.extra['signal_s']`) as a share of the decode time "
              "of the same runs: the same cost without the run-to-run noise of a difference of two timings "
              "(compiled rounds compute the signals inside the compiled graph: not timed there). Page faults: "
              "the median minor page faults of a run (the loop's thread) with and without the signals.", "",
-             "| mode | batch | method | ms / image without | with | overhead | paired median | timed inside "
+             "| mode | batch | method | ms / image without | with | overhead | 95% CI | paired median | timed inside "
              "| page faults with / without |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['mode']} | {r['batch']} | {r['method']} | {r['ms_off']:.1f} | {r['ms_on']:.1f} | "
-              f"{100 * r['overhead']:+.1f}% | {100 * r['paired_median']:+.1f}% | "
+              f"{100 * r['overhead']:+.1f}% | {_ci(r)} | {100 * r['paired_median']:+.1f}% | "
               + ("-" if r["timed_share"] != r["timed_share"] else f"{100 * r['timed_share']:.2f}%")
               + f" | {r['faults_on']:.0f} / {r['faults_off']:.0f} |" for r in rows]
     a.out.mkdir(parents=True, exist_ok=True)

@@ -228,6 +228,25 @@ TOKEN_SIGNALS = ("tv", "kl", "nll", "nll_expected", "off_support", "depth")  # t
 TV, KL, NLL, XNLL, OFF, DEPTH = range(len(TOKEN_SIGNALS))
 
 
+def teacher_forced_probs(target: ARModel, tokens: torch.Tensor, cond: Any, sampling: SamplingConfig) -> torch.Tensor:
+    """(B, N, V): the target's (warped) distribution of each of ``tokens`` (B, N) given the tokens
+    before it, scored the way AR decoding scores them (the prefill for token 0, then ONE causal
+    forward over tokens 0..N-2 at the loop's positions 0..N-2), outside any decoding loop: the
+    reference a decoded sequence's per-token draws are tested against (``coolsd.decoding.sampling.randomized_pit``,
+    benchmarks/exactness.py). Targets with a condition (a prefill) only. Leaves the target's cache
+    with N-1 pending entries; the next ``begin`` resets it."""
+    B, N = tokens.shape
+    prefill = target.begin(cond, B)
+    if prefill is None:
+        raise ValueError("teacher_forced_probs needs a target with a condition (its prefill scores token 0)")
+    p0 = sampling.probs(prefill.logits[:, -1:])
+    if N == 1:
+        return p0
+    positions = torch.arange(N - 1).unsqueeze(0).expand(B, N - 1)
+    step = target.forward(tokens[:, : N - 1], positions, torch.ones(N - 1, N - 1, dtype=torch.bool).tril(), None)
+    return torch.cat([p0, sampling.probs(step.logits).to(p0.dtype)], 1)
+
+
 def target_log_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
     """log p (..., V) of the target's guided distribution at the sampling temperature (1 for
     greedy), before top-k / top-p truncation: what issue 15's target_nll scores tokens with; in

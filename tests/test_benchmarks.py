@@ -4,6 +4,9 @@ import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -66,7 +69,6 @@ def _claims():
 def test_claims_compare_interpolates_b_and_pairs_by_prompt():
     """benchmarks/claims.py: A's point against B interpolated at A's accepted length, paired per prompt;
     the verdict follows the CIs (lower is better for distortion)."""
-    import numpy as np
 
     c = _claims()
     tau = {"eagle": 2.0, "uniform_rsd_1.5": 2.5, "uniform_rsd_2.0": 3.0, "uniform_rsd_3.0": 3.5, "uniform_rsd_5.0": 4.0,
@@ -90,3 +92,42 @@ def test_claims_compare_interpolates_b_and_pairs_by_prompt():
     assert c.verdict(rows, "toy_clip").startswith("contradicted")  # higher is better there
     assert c.verdict([], "step_tv").startswith("not comparable")
     assert c.verdict([{"step_tv": {"ci95": [-1.0, 1.0]}}], "step_tv") == "unresolved at this n"
+
+
+def test_nll_coverage_counts_misses_against_the_binomial_tail():
+    """benchmarks/nll_coverage.py: blocks by prompt index, the paired shift per block, the misses of
+    0 and the pre-registered verdict (P(Binomial(blocks, 0.05) >= misses) < 0.05 -> not calibrated)."""
+    c = _load("nll_coverage")
+    rng = np.random.default_rng(0)
+    n, blocks, block = 200, 20, 10
+    ar = rng.normal(size=n)
+    records = [{"method": "ar", "prompt_index": i, "v": float(ar[i])} for i in range(n)]
+    unbiased = [{"method": "eagle", "prompt_index": i, "v": float(ar[i] + rng.normal())} for i in range(n)]
+    shift = c.paired_shifts(records + unbiased[::-1], "eagle", "v")  # pairing by index, not by order
+    assert list(shift) == list(range(n)) and abs(shift[7] - (unbiased[7]["v"] - ar[7])) < 1e-12
+    res = c.coverage(shift, blocks, block)
+    assert res["verdict"] == "calibrated" and res["misses"] <= 3 and res["pooled"]["n"] == n
+    assert [r["block"] for r in res["blocks"]] == list(range(blocks))
+    biased = c.coverage({i: v + 1.5 for i, v in shift.items()}, blocks, block)  # a shift of 1.5 sd per prompt
+    assert biased["misses"] >= 10 and biased["verdict"] == "miscalibrated or biased" and biased["p_upper_tail"] < 0.05
+    for misses, tail in ((0, 1.0), (4, 0.0159)):  # the rule's threshold at 20 blocks: 4 misses
+        assert abs(float(c.sps.binom.sf(misses - 1, 20, c.ALPHA)) - tail) < 1e-4
+    with pytest.raises(ValueError, match="block 19"):
+        c.coverage({i: v for i, v in shift.items() if i != n - 1}, blocks, block)
+
+
+def test_signal_overhead_smoke_run(tmp_path):
+    """benchmarks/signal_overhead.py on 2 prompt groups at batch 1 (eager): a row per method with the
+    paired interval around its overhead and the loop's own timing of the signal work."""
+    c = _load("signal_overhead")
+    c.main(["--modes", "eager", "--batches", "1", "--prompts", "2", "--methods", "eagle,lantern_pp",
+            "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "signal_overhead.json").read_text())["rows"]
+    assert [r["method"] for r in rows] == ["eagle", "lantern_pp"]
+    for r in rows:
+        lo, hi = r["overhead_ci"]
+        assert lo <= r["overhead"] <= hi and r["ms_on"] > 0 and r["ms_off"] > 0
+        assert 0 < r["timed_share"] < 1  # eager rounds time their signal work
+    assert "| eager | 1 | lantern_pp |" in (tmp_path / "signal_overhead.md").read_text()
+    with pytest.raises(SystemExit):  # a one-line usage error before any world is loaded
+        c.main(["--modes", "eager", "--methods", "eagle,no_such_method", "--out", str(tmp_path)])

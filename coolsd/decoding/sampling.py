@@ -62,6 +62,35 @@ def sample_inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.minimum(idx, last)
 
 
+def randomized_pit(probs, tokens, u, order: str = "rank"):
+    """Randomised probability integral transform of discrete draws: v = F(x-) + u p(x) with F the
+    CDF of ``probs`` (..., V) in a fixed token order, x = ``tokens`` (...), u (...) independent
+    uniforms. If every x is drawn from its row of ``probs``, every v is Uniform(0, 1), and the v of
+    a sequence whose each token is drawn from its conditional given the tokens before it are
+    i.i.d. Uniform(0, 1) (each is uniform given the past), so a uniformity test of all of them
+    (``scipy.stats.kstest``) tests that the sequence was sampled from the product of conditionals
+    (in id order, ``sample_inverse_cdf`` is its inverse).
+    ``order``: ``"rank"`` (descending probability, ties by token id: a draw biased towards likely or
+    unlikely tokens, the direction an NLL shift measures, moves v's mean) or ``"id"``. Float64."""
+    p = torch.as_tensor(probs).double()
+    x = torch.as_tensor(tokens).long().unsqueeze(-1)
+    u = torch.as_tensor(u).double()
+    if order not in ("rank", "id"):
+        raise ValueError(f"randomized_pit: order must be 'rank' or 'id', got {order!r}")
+    if x.shape[:-1] != p.shape[:-1] or u.shape != x.shape[:-1]:
+        raise ValueError(f"randomized_pit: probs {tuple(p.shape)}, tokens {tuple(x.shape[:-1])} and u "
+                         f"{tuple(u.shape)} must agree on all but the vocabulary dimension")
+    px = p.gather(-1, x).squeeze(-1)
+    if order == "id":
+        below = (p.cumsum(-1) - p).gather(-1, x).squeeze(-1)
+    else:
+        perm = torch.argsort(-p, dim=-1, stable=True)  # the token at each rank
+        ps = p.gather(-1, perm)
+        rank = torch.argsort(perm, dim=-1).gather(-1, x)  # x's rank
+        below = (ps.cumsum(-1) - ps).gather(-1, rank).squeeze(-1)
+    return (below + u * px).clamp(0.0, 1.0)
+
+
 def sample_without_replacement(
     probs: torch.Tensor, u: torch.Tensor, k: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
