@@ -37,6 +37,7 @@ from coolsd.generate import speculative_generate, teacher_forced_probs
 from coolsd.job import prompt_seed
 from coolsd.records import write_json_atomic
 from coolsd.runner import compose
+from coolsd.stats import REAL, mean_ci
 from coolsd.timing import cpu_name
 from coolsd.worlds import load_world
 
@@ -102,6 +103,13 @@ def summarise(v: dict, lossless: bool) -> dict:
             "exact": exact, "verdict": verdict, "as_expected": exact == lossless}
 
 
+def _shift(r: dict) -> str:
+    c = r.get("nll_minus_ar")
+    if c is None or c["lo"] is None:
+        return "-"
+    return f"{c['mean']:+.4f} [{c['lo']:+.4f}, {c['hi']:+.4f}]"
+
+
 def plot(values: dict, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -154,6 +162,9 @@ def main(argv=None):
         with tqdm(total=len(scenes), desc=tag, unit="img", leave=False) as bar:
             values[tag] = pit_values(world, method, scenes, a.seed, a.batch, pit_seed=a.seed + 1000, progress=bar.update)
         rows[tag] = summarise(values[tag], lossless) | {"seconds": time.perf_counter() - t0}
+        if "ar" in values:  # the same prompts and per-prompt seeds: the NLL shift paired by prompt
+            ci = mean_ci(values[tag]["nll"] - values["ar"]["nll"], domain=REAL, name=f"{tag} NLL - AR")
+            rows[tag]["nll_minus_ar"] = {k: ci.get(k) for k in ("mean", "lo", "hi", "n")}
         r = rows[tag]
         print(f"{tag:12s} {r['tokens']} tokens: KS p rank {r['ks']['rank']:.3g}, id {r['ks']['id']:.3g}; "
               f"mean v (rank) {r['mean_v_rank']:.4f} (0.5 +- {r['mean_v_rank_half_width']:.4f}) -> {r['verdict']}"
@@ -165,11 +176,12 @@ def main(argv=None):
              f"of its PIT values (all tokens and per round depth, both orders), Bonferroni-corrected, is below "
              f"{ALPHA:g}; the relaxed methods are negative controls (benchmarks/exactness.py).",
              "", "| method | lossless by design | tokens | KS p (rank order) | KS p (id order) | mean v, rank order "
-             "(0.5 if exact) | mean NLL (nats / token) | verdict |", "|---|---|---|---|---|---|---|---|"]
+             "(0.5 if exact) | mean NLL (nats / token) | NLL - AR, paired [95% CI] | verdict |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for tag, r in rows.items():
         lines.append(f"| {tag} | {'yes' if r['lossless'] else 'no'} | {r['tokens']} | {r['ks']['rank']:.3g} | "
                      f"{r['ks']['id']:.3g} | {r['mean_v_rank']:.4f} +- {r['mean_v_rank_half_width']:.4f} | "
-                     f"{r['mean_nll']:.4f} | {r['verdict']}{'' if r['as_expected'] else ' (UNEXPECTED)'} |")
+                     f"{r['mean_nll']:.4f} | {_shift(r)} | {r['verdict']}{'' if r['as_expected'] else ' (UNEXPECTED)'} |")
     lines += ["", "Per round depth (0: drawn from p, the first token or a bonus / resampled token; 1-4: a draft "
               "verified at that depth): KS p (rank order), mean v.", "",
               "| method | " + " | ".join(f"depth {d}" for d in range(5)) + " |", "|---|" + "---|" * 5]

@@ -71,13 +71,15 @@ def test_teacher_forced_rescoring_equals_the_loops_scores():
 
 
 def test_exactness_benchmark_passes_eagle_and_fails_a_relaxed_method(tmp_path):
-    """64 prompts: EAGLE-1's tokens are drawn from the target's conditionals; UniformRSD at
-    delta = 4 (about 0.2 TV per token) is caught."""
+    """64 prompts: AR's and EAGLE-1's tokens are drawn from the target's conditionals; UniformRSD at
+    delta = 4 (about 0.2 TV per token) is caught; NLL shifts paired by prompt against AR."""
     spec = importlib.util.spec_from_file_location("exactness_bench", ROOT / "benchmarks" / "exactness.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    rows = bench.main(["--prompts", "64", "--methods", "eagle,uniform_rsd_4", "--out", str(tmp_path)])
+    rows = bench.main(["--prompts", "64", "--methods", "ar,eagle,uniform_rsd_4", "--out", str(tmp_path)])
     assert rows["eagle"]["exact"] and rows["eagle"]["tokens"] == 64 * 64
+    assert rows["eagle"]["nll_minus_ar"]["n"] == 64 and rows["ar"]["nll_minus_ar"]["mean"] == 0.0  # paired by prompt
+    assert rows["uniform_rsd_4"]["nll_minus_ar"]["lo"] > 0  # the relaxed method's NLL cost is resolved
     assert not rows["uniform_rsd_4"]["exact"] and rows["uniform_rsd_4"]["p_bonferroni"] < 1e-4
     assert all(r["as_expected"] for r in rows.values())
     assert (tmp_path / "pit.png").stat().st_size > 0 and "| eagle | yes |" in (tmp_path / "exactness.md").read_text()
