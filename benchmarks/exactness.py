@@ -126,7 +126,7 @@ def plot(values: dict, path: Path) -> None:
     ax.axhline(0, color="k", lw=0.5)
     ax.set_xlabel("PIT value v (rank order: 0 = the most likely token)")
     ax.set_ylabel("empirical CDF of v - uniform CDF")
-    ax.set_title("Toy world: each emitted token's PIT under the teacher-forced target")
+    ax.set_title("Toy world: each emitted token's PIT under the teacher-forced target", fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
