@@ -232,9 +232,10 @@ def teacher_forced_probs(target: ARModel, tokens: torch.Tensor, cond: Any, sampl
     """(B, N, V): the target's (warped) distribution of each of ``tokens`` (B, N) given the tokens
     before it, scored the way AR decoding scores them (the prefill for token 0, then ONE causal
     forward over tokens 0..N-2 at the loop's positions 0..N-2), outside any decoding loop: the
-    reference a decoded sequence's per-token draws are tested against (``coolsd.decoding.sampling.randomized_pit``,
-    benchmarks/exactness.py). Targets with a condition (a prefill) only. Leaves the target's cache
-    with N-1 pending entries; the next ``begin`` resets it."""
+    reference a decoded sequence's per-token draws are tested against
+    (``coolsd.decoding.sampling.randomized_pit``, benchmarks/exactness.py). Targets with a
+    condition (a prefill) only. Leaves the target's cache with N-1 pending entries; the next
+    ``begin`` resets it."""
     B, N = tokens.shape
     prefill = target.begin(cond, B)
     if prefill is None:
