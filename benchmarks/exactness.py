@@ -30,10 +30,8 @@ import numpy as np
 import torch
 from scipy import stats as sps
 
-from coolsd.decoding.rng import PerSampleRNG
 from coolsd.decoding.sampling import randomized_pit
-from coolsd.drafting import build_drafter
-from coolsd.generate import speculative_generate, teacher_forced_probs
+from coolsd.generate import teacher_forced_probs
 from coolsd.job import prompt_seed
 from coolsd.records import write_json_atomic
 from coolsd.runner import compose
@@ -57,20 +55,15 @@ ORDERS = ("rank", "id")
 
 
 def pit_values(world, method, scenes, seed: int, batch: int, pit_seed: int, progress=None) -> dict:
-    """{"rank", "id": v (n_tokens,), "depth": round depth of each token, "nll": per-image mean NLL}."""
-    t = world.target
+    """{"rank", "id": v (n_tokens,), "depth": round depth of each token, "nll": per-image mean NLL}:
+    each batch decoded as every run decodes it (``DiscreteWorld.generate_tokens``), then rescored."""
     g = torch.Generator().manual_seed(pit_seed)
     out = {o: [] for o in ORDERS} | {"depth": [], "nll": []}
     for s in range(0, len(scenes), batch):
         idx = list(range(s, min(s + batch, len(scenes))))
-        cond = world.encode([scenes[i].caption for i in idx])
-        drafter = build_drafter(method, world.drafter() if method.drafter == "model" else None, world.sampling,
-                                t.vocab_size)
+        res, cond = world.generate_tokens(method, [scenes[i] for i in idx], [prompt_seed(seed, i) for i in idx])
         with torch.no_grad():
-            res = speculative_generate(t, t.n_image_tokens, PerSampleRNG([prompt_seed(seed, i) for i in idx]),
-                                       rule=method.rule, drafter=drafter, tree=method.tree, sampling=world.sampling,
-                                       cond=cond, batch_size=len(idx), distortion=True)
-            p = teacher_forced_probs(t, res.tokens, cond, world.sampling)
+            p = teacher_forced_probs(world.target, res.tokens, cond, world.sampling)
         u = torch.rand(res.tokens.shape, generator=g, dtype=torch.float64)
         for o in ORDERS:
             out[o].append(randomized_pit(p, res.tokens, u, o).reshape(-1).numpy())

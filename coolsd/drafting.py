@@ -316,7 +316,7 @@ class JacobiDrafter:
         q = self._q[:, 2:].to(p.dtype)
         pd = p[:, :-1].gather(-1, d.unsqueeze(-1)).squeeze(-1)
         qd = q.gather(-1, d.unsqueeze(-1)).squeeze(-1)
-        coupled, _ = _maximal_coupling(d, q, p[:, :-1], qd, pd, self._u_keep[:, :-1], self._u_next[:, :-1])
+        coupled = _maximal_coupling(d, q, p[:, :-1], qd, pd, self._u_keep[:, :-1], self._u_next[:, :-1])
         return torch.cat([coupled, y[:, -1:]], 1)
 
     def observe(self, info: RoundInfo) -> None:
@@ -452,7 +452,7 @@ class PACDrafter(JacobiDrafter):
         inside = e <= n
         u = (e - 2).clamp(max=n - 1)  # the uniforms of depth e (MC-SJD's: the same tokens at width 1)
         u_next = self._u_next.gather(1, u)
-        coupled, _ = _maximal_coupling(d, q_old, p, qd, pd, self._u_keep.gather(1, u), u_next)
+        coupled = _maximal_coupling(d, q_old, p, qd, pd, self._u_keep.gather(1, u), u_next)
         cand = torch.where(inside, coupled, sample_inverse_cdf(p, u_next))  # past the window: a fresh draw
         self.carry_count = n - m
         self.carry_tokens, self.carry_q = cand, p
@@ -476,11 +476,11 @@ class PACDrafter(JacobiDrafter):
 def _maximal_coupling(d, q, p, qd, pd, u_keep, u_next):
     """MC-SJD's maximal coupling of a draft d ~ q to p (JacobiDrafter's class docstring): keep d
     with probability min(1, p(d) / q(d)), else draw from Norm([p - q]_+) (p where that has no
-    mass). d, qd = q(d), pd = p(d), u_keep, u_next: (...); q, p: (..., V). Returns (the coupled
-    draft, distributed as p; whether d was kept)."""
+    mass). d, qd = q(d), pd = p(d), u_keep, u_next: (...); q, p: (..., V). Returns the coupled
+    draft, distributed as p."""
     keep = u_keep * qd < pd
     resid = normalize(torch.clamp(p - q, min=0.0), p)
-    return torch.where(keep, d, sample_inverse_cdf(resid, u_next)), keep
+    return torch.where(keep, d, sample_inverse_cdf(resid, u_next))
 
 
 def _gumbel(u: torch.Tensor) -> torch.Tensor:

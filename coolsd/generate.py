@@ -394,11 +394,9 @@ def _round_signals(logits, p, q, path, n_accepted, vals, tree: Tree, rule: Rule,
     depth = torch.arange(1, D + 2).unsqueeze(0)
     verified = depth <= max_depth.unsqueeze(1)  # (B, D+1)
     drawn = expected_nll(p, logp)  # (B, n+1): E[-log p(x)] for a token drawn from p at each node
-    if tree.n_nodes == 0 or (tree.max_children == 1 and lossless(rule, D)):  # pi = p: distortion 0
-        # (AR: the root only; a chain's node j is at depth j, the parent of position j)
-        tv_kl, xnll = torch.zeros(B, 2, D + 1, dtype=dtype), drawn[:, : D + 1]
-    elif lossless(rule, D):  # a tree under a lossless rule: pi = p at the emitting node whatever the siblings
-        # (recursive rejection is exact, METHODS.md 1.3), so distortion 0 and E[NLL] that of p at the parent
+    if tree.n_nodes == 0 or lossless(rule, D):  # pi = p at the emitting node: distortion 0, E[NLL] that of p
+        # at the parent (AR: the root only; a tree's siblings change nothing: recursive rejection is exact,
+        # METHODS.md 1.3)
         tv_kl, xnll = torch.zeros(B, 2, D + 1, dtype=dtype), drawn.gather(1, parent)
     elif tree.max_children == 1:  # chain: exact per depth (docs/distortion.md), at the depths the round emitted
         need = (verified & (depth <= n_accepted.unsqueeze(1) + 1))[:, :D]

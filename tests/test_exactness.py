@@ -5,15 +5,12 @@ lossless method and fails a relaxed one at the same n."""
 import importlib.util
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from scipy import stats
 
-from coolsd.decoding.rng import PerSampleRNG
 from coolsd.decoding.sampling import randomized_pit, sample_inverse_cdf
-from coolsd.drafting import build_drafter
-from coolsd.generate import speculative_generate, teacher_forced_probs
+from coolsd.generate import teacher_forced_probs
 from coolsd.runner import compose
 from coolsd.worlds import load_world
 
@@ -58,11 +55,8 @@ def test_teacher_forced_rescoring_equals_the_loops_scores():
     world = load_world(cfg)
     t = world.target
     method = world.build_method("eagle", {}, "chain", 4)
-    cond = world.encode([s.caption for s in world.prompts(cfg)])
+    res, cond = world.generate_tokens(method, world.prompts(cfg), [11, 12, 13, 14])
     with torch.no_grad():
-        res = speculative_generate(t, t.n_image_tokens, PerSampleRNG([11, 12, 13, 14]), rule=method.rule,
-                                   drafter=build_drafter(method, world.drafter(), world.sampling, t.vocab_size),
-                                   tree=method.tree, sampling=world.sampling, cond=cond, batch_size=4)
         p = teacher_forced_probs(t, res.tokens, cond, world.sampling)
     assert p.shape == (4, t.n_image_tokens, t.vocab_size)
     nll = -torch.log(p.gather(-1, res.tokens.unsqueeze(-1)).squeeze(-1).double())

@@ -236,7 +236,10 @@ class DiscreteWorld(World):
         return build_method(name, family=self.family, tree=tree, draft_length=draft_length, neighbours=self.neighbours,
                             **params)
 
-    def generate(self, method, prompts: list, seeds: list[int]) -> list[Sample]:
+    def generate_tokens(self, method, prompts: list, seeds: list[int]) -> tuple[Any, Any]:
+        """(``GenerationResult``, the batch's condition): one batch through the loop, the way every
+        run of this world decodes (``generate``; also benchmarks/exactness.py, which rescores the
+        tokens under the same condition)."""
         target = self.target
         drafter = build_drafter(method, self.drafter() if method.drafter == "model" else None, self.sampling,
                                 target.vocab_size, grid_width=grid_width(target))
@@ -246,6 +249,11 @@ class DiscreteWorld(World):
                 target, target.n_image_tokens, PerSampleRNG(list(seeds)), rule=method.rule, drafter=drafter,
                 tree=method.tree, sampling=self.sampling, cond=cond, batch_size=len(seeds),
                 sync=device_sync(self.device), distortion=self.signals)
+        return res, cond
+
+    def generate(self, method, prompts: list, seeds: list[int]) -> list[Sample]:
+        res, _ = self.generate_tokens(method, prompts, seeds)
+        with torch.no_grad():
             imgs, decode_s = image_seconds(lambda: per_sample(self.decode_uint8, res.tokens), self.device)
         return [Sample({"round_lengths": res.round_lengths[b], "accepted_length": res.accepted_length(b),
                         "target_forwards": res.target_forwards[b], "draft_forwards": res.draft_forwards,
