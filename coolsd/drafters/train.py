@@ -17,6 +17,11 @@ protocol, per-caption seeds) and a teacher-forced pass gives its features (both 
 the head regresses the next feature with the LANTERN loss. ``train.captions``: a COCO captions
 file (longest caption per image, as the evaluation prompts) or a text file with one caption per
 line; never the evaluation captions. The toy world's training captions are its own scenes.
+
+Precision (``coolsd.drafters.precision``): with a bf16 target the head trains with fp32 master
+weights and AdamW state, forwards under bf16 autocast, the loss in fp32; ``model.safetensors``
+holds the fp32 weights, which the loaders cast to the running target's dtype.
+``train_metrics.json`` records ``master_dtype`` and ``autocast_dtype``.
 """
 from __future__ import annotations
 

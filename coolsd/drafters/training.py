@@ -15,6 +15,10 @@ LlamaGen-256 data has L = 119 + 257 = 376); targets stay clean. AdamW (betas 0.9
 weight decay 0.01), gradient clipping by value 0.5, linear warm-up over 3% of the steps then linear
 decay to 0 (``transformers.get_linear_schedule_with_warmup``).
 
+Precision (``coolsd.drafters.precision``): master weights, gradients and AdamW state in fp32 (or
+the head's own fp64), forwards under bf16 autocast when the target is bf16, loss reductions in the
+master dtype; the trained head is left in the master dtype and saved so.
+
 Features with CFG halves, (B, N0, 2, H) = [cond, uncond], train on both halves (2B sequences);
 LANTERN's LlamaGen data instead stores one half per sample, the null condition with probability
 0.1 (``llamagen_batch``'s default).
@@ -33,6 +37,7 @@ import torch.nn.functional as F
 
 from coolsd.decoding.sampling import cfg_combine
 from coolsd.drafters.eagle import EagleHead, head_logits
+from coolsd.drafters.precision import TrainPrecision
 from coolsd.models.kv_cache import KVCache
 from coolsd.models.llamagen import rope_2d, text_slot_mask
 
@@ -105,19 +110,25 @@ def eagle_loss(
 ) -> tuple[torch.Tensor, dict]:
     """The LANTERN loss of one batch and its statistics (vloss, ploss, top1, top3, n; for
     guided batches with ``cfg_scale`` also top1_cfg: CFG-combined drafter vs target argmax, and
-    accept_cfg: the expected acceptance rate sum_x min(p, q) of exact verification)."""
-    batch = batch.to(head.device, head.dtype)
+    accept_cfg: the expected acceptance rate sum_x min(p, q) of exact verification).
+    Precision: ``TrainPrecision.for_head`` (forwards under the target dtype's autocast, the loss in
+    the master dtype)."""
+    prec = TrainPrecision.for_head(head, lm_head_weight)
+    batch = batch.to(head.device, prec.master)  # bf16 features are exact in fp32
     tokens, inputs, positions, targets, P = assemble(batch)
     if noise_std:
         L = noise_len or (P + batch.features.shape[1])
         u = torch.rand(inputs.shape, generator=generator, device=inputs.device, dtype=inputs.dtype)
         inputs = inputs + (u - 0.5) * noise_std * 512 / L
-    pred = head(tokens, inputs, positions)[:, P:]
     W = lm_head_weight.detach()
+    with prec.autocast():
+        pred = head(tokens, inputs, positions)[:, P:]
+        out_logits = head_logits(pred, W)  # head_logits: at least fp32
+        with torch.no_grad():
+            tgt_logits = head_logits(targets, W)
+    pred = pred.to(prec.master)
     vloss = F.smooth_l1_loss(pred, targets, reduction="none").mean(-1).mean()
-    out_logits = head_logits(pred, W)
     with torch.no_grad():
-        tgt_logits = head_logits(targets, W)
         tgt_p = tgt_logits.softmax(-1)
     ploss = -(tgt_p * out_logits.log_softmax(-1)).sum(-1).mean()
     loss = vloss + p_w * ploss
@@ -222,18 +233,25 @@ def train_eagle(
 ) -> TrainLog:
     """Train ``head`` in place for ``steps`` optimizer steps. ``batches``: a sequence (cycled in
     order) or ``step -> EagleBatch``. Deterministic given ``seed`` (noise generator), the head's
-    initial weights and the batches. ``lm_head_weight`` stays frozen. ``loss_fn``: ``eagle_loss``
-    (LlamaGen's ``EagleBatch``, default) or ``lumina_loss`` (a ``SeqBatch``)."""
+    initial weights and the batches. ``lm_head_weight`` (the target's dtype) stays frozen.
+    ``loss_fn``: ``eagle_loss`` (LlamaGen's ``EagleBatch``, default) or ``lumina_loss`` (a
+    ``SeqBatch``).
+
+    Mixed precision (``coolsd.drafters.precision``): the head's parameters are first cast to the
+    master dtype (fp32 for a bf16 head; fp32 / fp64 heads unchanged) and stay there: AdamW and its
+    state are fp32, the loss functions run the forward under bf16 autocast when
+    ``lm_head_weight`` is bf16."""
     loss_fn = loss_fn or eagle_loss
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     get = batches if callable(batches) else (lambda s: batches[s % len(batches)])
+    TrainPrecision.for_head(head, lm_head_weight).master_weights(head)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, linear_warmup_decay(steps, warmup_ratio))
     gen = torch.Generator(device=head.device)
     gen.manual_seed(int(seed))
-    W = lm_head_weight.detach().to(head.device, head.dtype)
+    W = lm_head_weight.detach().to(head.device)  # the target's dtype: it sets the autocast dtype
     log = TrainLog()
     head.train()
     for step in range(steps):
@@ -375,7 +393,8 @@ def target_data(target, gpt, encode: Callable, items: Sequence, seed: int, log=p
 def train_on_target(target, gpt, encode: Callable, train_items, heldout_items, steps: int, log=print, *,
                     batch_size: int = 32, lr: float = 1e-4, seed: int = 0, chunk: int = 256, tag: str = "drafter"):
     """A fresh EAGLE head (the target's embedding, seeded init) trained on the target's samples
-    of ``train_items``; held-out metrics on ``heldout_items``. Returns (head, metrics)."""
+    of ``train_items``; held-out metrics on ``heldout_items``. Returns (head in the master dtype,
+    metrics incl. the precision used)."""
     t0 = time.perf_counter()
     with torch.no_grad():
         toks, feats = target_data(target, gpt, encode, train_items, seed=1, log=log, chunk=chunk, tag=tag)
@@ -401,13 +420,16 @@ def train_on_target(target, gpt, encode: Callable, train_items, heldout_items, s
     ev = evaluate_eagle(head, lm_head, evals, cfg_scale=target.cfg_scale)
     log(f"[{tag}] held-out (target samples): " + ", ".join(f"{k} {float(v):.4f}" for k, v in ev.items()))
     return head, {**{k: float(v) for k, v in ev.items()}, "n_target_samples": len(toks), "batch_size": batch_size,
-                  "data_seconds": data_s, "train_seconds": time.perf_counter() - t1}
+                  "data_seconds": data_s, "train_seconds": time.perf_counter() - t1,
+                  **TrainPrecision.for_head(head, lm_head).describe()}
 
 
 def save_drafter(head: EagleHead, out: Path, metrics: dict, target_variant: str = "upstream") -> Path:
     """``config.json`` (LANTERN fields + ``block_size`` + ``text_prefix: false``: trained without
     the text-slot prefix, + ``target_variant``: the target variant whose features it was trained
-    on, checked at load time by ``coolsd.drafters.eagle.check_variant``) and ``model.safetensors``."""
+    on, checked at load time by ``coolsd.drafters.eagle.check_variant``) and ``model.safetensors``
+    in the head's dtype (fp32 master weights after ``train_eagle``; ``load_eagle_head`` casts them
+    to the target's dtype)."""
     from safetensors.torch import save_file
 
     out = Path(out)

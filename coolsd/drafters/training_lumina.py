@@ -19,6 +19,9 @@ Note: upstream's Lumina data loader builds ``input_ids[:, :-1]`` + a zero (no on
 ``data_utils.py``) while its inference pairs ``input_ids[:, 1:]`` with the features; the
 inference layout is used here for both (a drafter trained here drafts as it was trained).
 
+Precision: ``coolsd.drafters.precision`` through ``train_eagle`` (fp32 master weights and AdamW
+state, the forward under bf16 autocast for the bf16 target, the loss in fp32), as LlamaGen's.
+
 Features are computed per batch (a 7B forward per step) instead of stored: one Lumina sample's
 features are ~2400 x 2 x 4096 floats.
 """
@@ -33,6 +36,7 @@ import torch.nn.functional as F
 
 from coolsd.decoding.sampling import cfg_combine
 from coolsd.drafters.eagle import head_logits
+from coolsd.drafters.precision import TrainPrecision
 
 
 @dataclass
@@ -99,8 +103,10 @@ def lumina_loss(head, lm_head_weight: torch.Tensor, batch: SeqBatch, *, p_w: flo
                 cfg_scale: Optional[float] = None) -> tuple[torch.Tensor, dict]:
     """``eagle_loss`` for a ``SeqBatch`` (LANTERN ``train_drafter/main.py``: vloss and ploss
     averaged over the loss entries); stats as there (top1_cfg / accept_cfg for guided batches
-    with ``cfg_scale``: over the full vocabulary's CFG-combined logits)."""
-    batch = batch.to(head.device, head.dtype)
+    with ``cfg_scale``: over the full vocabulary's CFG-combined logits). Precision as ``eagle_loss``'s
+    (``TrainPrecision.for_head``)."""
+    prec = TrainPrecision.for_head(head, lm_head_weight)
+    batch = batch.to(head.device, prec.master)  # bf16 features are exact in fp32
     x = batch.features
     if noise_std:
         L = noise_len or x.shape[1]
@@ -109,14 +115,17 @@ def lumina_loss(head, lm_head_weight: torch.Tensor, batch: SeqBatch, *, p_w: flo
     L = x.shape[1]
     attend = torch.ones(L, L, dtype=torch.bool, device=x.device).tril() & batch.valid.unsqueeze(1)
     attend |= torch.eye(L, dtype=torch.bool, device=x.device)
-    pred = head(batch.ids, x, batch.positions, attend)
+    W = lm_head_weight.detach()
+    with prec.autocast():
+        pred = head(batch.ids, x, batch.positions, attend)
+        out_logits = head_logits(pred, W)  # head_logits: at least fp32
+        with torch.no_grad():
+            tgt_logits = head_logits(batch.targets, W)
+    pred = pred.to(prec.master)
     m = batch.loss_mask
     k = m.sum().clamp(min=1)
-    W = lm_head_weight.detach()
     vloss = (F.smooth_l1_loss(pred, batch.targets, reduction="none").mean(-1) * m).sum() / k
-    out_logits = head_logits(pred, W)
     with torch.no_grad():
-        tgt_logits = head_logits(batch.targets, W)
         tgt_p = tgt_logits.softmax(-1)
     ploss = (-(tgt_p * out_logits.log_softmax(-1)).sum(-1) * m).sum() / k
     loss = vloss + p_w * ploss
@@ -148,7 +157,8 @@ def train_lumina_on_target(target, encode: Callable, train_items, heldout_items,
                            tag: str = "lumina drafter", dropout: Optional[float] = None):
     """A fresh ``LuminaEagleHead`` (the target's embedding, seeded init) trained on the target's
     samples of ``train_items`` (captions, or whatever ``encode`` turns into prompt ids), features
-    computed per batch; held-out metrics on ``heldout_items``. Returns (head, metrics)."""
+    computed per batch; held-out metrics on ``heldout_items``. Returns (head in the master dtype:
+    fp32 for the bf16 target, metrics incl. the precision used)."""
     from coolsd.drafters.eagle_lumina import LuminaEagleHead
     from coolsd.drafters.training import evaluate_eagle, target_samples, train_eagle
 
@@ -190,4 +200,5 @@ def train_lumina_on_target(target, encode: Callable, train_items, heldout_items,
     ev = evaluate_eagle(head, W, evals, cfg_scale=target.cfg_scale if target.guided else None, loss_fn=lumina_loss)
     log(f"[{tag}] held-out (target samples): " + ", ".join(f"{k} {float(v):.4f}" for k, v in ev.items()))
     return head.eval(), {**{k: float(v) for k, v in ev.items()}, "n_target_samples": len(codes),
-                         "batch_size": batch_size, "data_seconds": data_s, "train_seconds": time.perf_counter() - t1}
+                         "batch_size": batch_size, "data_seconds": data_s, "train_seconds": time.perf_counter() - t1,
+                         **TrainPrecision.for_head(head, W).describe()}
