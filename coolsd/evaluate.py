@@ -15,6 +15,14 @@ protocol. Every input the requested metrics need under that protocol (the run fo
 folder, Inception weights, COCO val2017 images, PartiPrompts TSV, ImageReward files) is checked
 before any network loads, and every missing one is listed at once with the flag that sets it and
 its environment variable (``missing_inputs``).
+
+Device and precision (``coolsd.metrics.numerics``): ``--device`` defaults to ``cuda`` when
+``torch.cuda.is_available()``, else ``cpu``, and the choice is printed first and recorded in
+``metrics.json``; ``--device cuda`` on a machine without CUDA is refused before any work. Every
+metric network runs in float32 with TF32 off (``numerics.ieee_fp32``), so GPU features agree
+with CPU features to float32 rounding, and the cached FID reference statistics are keyed by the
+device type and that precision too (``coolsd.metrics.reference``): a cache made on the CPU is
+never read on the GPU, nor one made under one precision under another.
 """
 from __future__ import annotations
 
@@ -104,12 +112,15 @@ def evaluate_run(run_dir, *, clip=None, image_reward=None, inception=None, refer
 
 
 def build_scorers(metrics, *, clip=None, inception=None, coco_images=None, ir_checkpoint=None, ir_med_config=None,
-                  ir_python=None, device="cpu", cache_dir=Path("outputs/cache"), fid_resamples: int = 100,
+                  ir_python=None, device=None, cache_dir=Path("outputs/cache"), fid_resamples: int = 100,
                   protocol: str = "lantern") -> dict:
     """The keyword arguments of ``evaluate_run`` for the named metrics under ``protocol``, every
-    network loaded (and the FID reference statistics computed or read from the cache) once."""
+    network loaded (and the FID reference statistics computed or read from the cache) once, on
+    ``device`` (None: ``numerics.default_device()``, cuda when available)."""
+    from coolsd.metrics.numerics import default_device
     from coolsd.metrics.protocols import check_protocol
 
+    device = default_device() if device is None else device
     kw = {"fid_resamples": fid_resamples, "protocol": check_protocol(protocol)}
     if "clip_score" in metrics:
         if protocol == "sjd":
@@ -197,7 +208,19 @@ def missing_inputs(a, wanted) -> list[str]:
     return [p for n in input_needs(a, wanted) if (p := n.problem()) is not None]
 
 
+def choose_device(device) -> tuple[str, str]:
+    """(device, why): ``--device`` as given, checked to exist here (``numerics.check_device``: a
+    ``ConfigError`` naming the flag and the fix), or the default, cuda when available."""
+    from coolsd.metrics.numerics import check_device, default_device
+
+    if device is not None:
+        return check_device(device, "--device"), "--device"
+    device = default_device()
+    return device, "default: " + ("CUDA is available" if device == "cuda" else "no CUDA on this machine")
+
+
 def main(argv=None) -> dict:
+    from coolsd.metrics.numerics import metric_numerics
     from coolsd.metrics.protocols import DESCRIPTION, PROTOCOLS, check_protocol
     from coolsd.worlds.files import require_inputs
 
@@ -211,9 +234,12 @@ def main(argv=None) -> dict:
         ap.add_argument(flag, default=None, help=f"{text} [{', '.join('$' + e for e in envs) or 'no variable'}; "
                                                  f"for {', '.join(metrics)}]")
     ap.add_argument("--cache-dir", type=Path, default=Path("outputs/cache"))
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--device", default=None, help="where the metric networks run (default: cuda when "
+                    "torch.cuda.is_available(), else cpu); TF32 is off either way (coolsd.metrics.numerics)")
     ap.add_argument("--fid-resamples", type=int, default=100)
     a = ap.parse_args(argv)
+    a.device, why = choose_device(a.device)  # before any input is read: a missing CUDA is refused first
+    print(f"metrics on {a.device} ({why}), float32 with TF32 off")
     check_protocol(a.protocol)
     for flag in INPUT_FLAGS:  # defaults from the protocol's environment variables
         dest, env = flag[2:].replace("-", "_"), input_env(a.protocol, flag)
@@ -237,7 +263,8 @@ def main(argv=None) -> dict:
     result["protocol"] = {"name": a.protocol, "metrics": wanted, "clip": a.clip,
                           "inception": str(a.inception or "torch hub cache"), "coco_images": a.coco_images,
                           "prompts": "PartiPrompts " + str(a.parti_tsv) if a.parti_tsv else "COCO 2017 val",
-                          "image_reward": a.ir_checkpoint,
+                          "image_reward": a.ir_checkpoint, "device": a.device,
+                          "numerics": metric_numerics(a.device),
                           **{m: DESCRIPTION[a.protocol][m] for m in ("clip_score", "fid") if m in wanted}}
     write_json_atomic(result, a.run / "metrics.json")
     for tag, r in result["per_method"].items():

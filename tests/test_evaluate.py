@@ -176,3 +176,5 @@ def test_cli_writes_metrics_json(tmp_path, fake_image_reward, monkeypatch):
     m = json.loads((run / "metrics.json").read_text())
     assert set(m["per_method"]) == {"ar", "coolsd"} and m["per_method"]["ar"]["n"] == 2
     assert "image_reward" in m["per_method"]["coolsd"] and m["protocol"]["metrics"] == ["image_reward"]
+    want = "cuda" if torch.cuda.is_available() else "cpu"  # the default device, recorded with its precision
+    assert m["protocol"]["device"] == want and m["protocol"]["numerics"].startswith(want + "|float32|")

@@ -19,6 +19,7 @@ from coolsd.metrics.fid import (
     frechet_distance_sym,
     sqrt_psd,
 )
+from coolsd.metrics.numerics import ieee_fp32, metric_numerics
 from coolsd.metrics.toy import (
     PR_K,
     bootstrap_fid_ci,
@@ -87,6 +88,11 @@ class FeatureExtractor:
         self.batch_size = batch_size
         self.device = torch.device(device)
 
+    @property
+    def numerics(self) -> str:
+        """Device type and precision the network runs at (``numerics.metric_numerics``)."""
+        return metric_numerics(self.device)
+
     def _forward(self, x: torch.Tensor):  # (block, 3, H, W) float32 -> (block, d) or a tuple of (block, ...)
         raise NotImplementedError
 
@@ -98,7 +104,7 @@ class FeatureExtractor:
         bs = self.batch_size if batch_size is None else batch_size
         bs = -(-max(bs, 1) // self.block) * self.block
         parts: list[list[torch.Tensor]] = []
-        with torch.inference_mode():
+        with torch.inference_mode(), ieee_fp32():
             for s in range(0, n, bs):
                 x = to_float_images(images[s:s + bs]).to(self.device)
                 for b in range(0, len(x), self.block):

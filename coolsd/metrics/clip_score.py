@@ -50,6 +50,7 @@ import torch
 from PIL import Image
 
 from coolsd.metrics.image_prep import lantern_transform
+from coolsd.metrics.numerics import ieee_fp32
 from coolsd.stats import mean_ci
 
 __all__ = [
@@ -232,9 +233,9 @@ class ClipScorer:
 
     ``embed_images`` / ``embed_texts`` give the projected (not normalised) float32 embeddings;
     ``score`` gives the per-pair raw cosines (float64). The model runs in eval mode under
-    ``torch.inference_mode``; images are preprocessed one at a time (``clip_image_preprocess``)
-    and text rows are always padded to 77, so results do not depend on ``batch_size`` beyond
-    float kernel rounding (~1e-7).
+    ``torch.inference_mode`` with TF32 off (``numerics.ieee_fp32``); images are preprocessed
+    one at a time (``clip_image_preprocess``) and text rows are always padded to 77, so results
+    do not depend on ``batch_size`` beyond float kernel rounding (~1e-7).
     """
 
     protocol = "lantern"  # coolsd.metrics.protocols: the number this scorer's scores make
@@ -306,7 +307,7 @@ class ClipScorer:
         tokens = self.tokenize(captions)
         bs = self.batch_size if batch_size is None else max(int(batch_size), 1)
         out = [np.zeros((0, self.embed_dim), np.float32)]
-        with torch.inference_mode():
+        with torch.inference_mode(), ieee_fp32():
             for s in range(0, len(tokens), bs):
                 e = _projected(self.model.get_text_features(input_ids=tokens[s:s + bs].to(self.device)))
                 out.append(e.float().cpu().numpy())
@@ -337,7 +338,7 @@ class ClipScorer:
         imgs = self._image_list(images)
         bs = self.batch_size if batch_size is None else max(int(batch_size), 1)
         out = [np.zeros((0, self.embed_dim), np.float32)]
-        with torch.inference_mode():
+        with torch.inference_mode(), ieee_fp32():
             for s in range(0, len(imgs), bs):
                 px = self.preprocess(imgs[s:s + bs]).to(self.device)
                 out.append(_projected(self.model.get_image_features(pixel_values=px)).float().cpu().numpy())

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from coolsd.metrics.clip_score import _projected, snapshot_dir
+from coolsd.metrics.numerics import ieee_fp32
 
 __all__ = ["SJD_CLIP_HF_REPO", "SJD_CLIP_FILES", "SJD_CLIP_SOURCE", "SJD_RESIZE", "sjd_clip_image", "TorchmetricsClipScorer"]
 
@@ -129,7 +130,7 @@ class TorchmetricsClipScorer:
         if len(images) != len(captions):
             raise ValueError(f"{len(images)} images but {len(captions)} captions: pairs must match one to one")
         out = np.empty(len(images))
-        with torch.inference_mode():
+        with torch.inference_mode(), ieee_fp32():  # TF32 off (coolsd.metrics.numerics)
             for i, (img, cap) in enumerate(zip(images, captions)):
                 self.metric.reset()
                 self.metric.update(self._image(img)[None].to(self.device), [cap])

@@ -9,7 +9,9 @@ environment and ``coolsd.metrics.image_reward`` calls this file with that enviro
 JOB.json: {"items": [{"image": path, "caption": str}, ...]}. OUT.json (written atomically):
 {"scores": [float, ...] in item order, "unexpected_keys": [...]}. The checkpoint is read with
 ``torch.load(weights_only=True)`` and loaded strictly for the parameters: a parameter the file
-lacks is an error (the package's own loader would leave it at its random initial value).
+lacks is an error (the package's own loader would leave it at its random initial value). The
+model runs with TF32 off (``tf32_off``), the precision of every metric network of the project
+(``coolsd.metrics.numerics``).
 """
 from __future__ import annotations
 
@@ -17,6 +19,15 @@ import argparse
 import json
 import os
 import sys
+
+
+def tf32_off() -> None:
+    """IEEE float32 cuBLAS matmuls and cuDNN convolutions for this process (the legacy flags,
+    which every torch since 1.7 has; cuDNN's is on by default)."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
 
 
 def load_model(checkpoint: str, med_config: str, device: str):
@@ -44,6 +55,7 @@ def main(argv=None) -> None:
     ap.add_argument("--device", default="cpu")
     a = ap.parse_args(argv)
     items = json.loads(open(a.job, encoding="utf-8").read())["items"]
+    tf32_off()
     model, unexpected = load_model(a.checkpoint, a.med_config, a.device)
     import torch
 

@@ -64,6 +64,7 @@ import torch.nn.functional as F
 
 from coolsd.metrics import FeatureExtractor
 from coolsd.metrics.image_prep import INCEPTION_SIZE, fid_preprocess, pytorch_fid_preprocess
+from coolsd.metrics.numerics import ieee_fp32
 from coolsd.records import sha256_file
 
 WEIGHTS_NAME = "weights-inception-2015-12-05-6726825d.pth"
@@ -425,7 +426,10 @@ class InceptionFeatureExtractor(FeatureExtractor):
     and the network runs on blocks of exactly ``block`` images (the last one zero-padded), so an
     image's features are bit-identical whatever ``batch_size`` is and wherever it sits in the
     input (see ``FeatureExtractor``). Float images are refused: the protocol starts from uint8
-    pixels (generated images are quantised as the saved PNGs are).
+    pixels (generated images are quantised as the saved PNGs are). The network runs with TF32 off
+    (``coolsd.metrics.numerics.ieee_fp32``: cuDNN's convolutions would use it by default), so
+    CUDA features agree with CPU features to float32 rounding; ``numerics`` names the device
+    type and that precision for the reference cache key.
     """
 
     name = "inception_v3_pool3"
@@ -477,7 +481,7 @@ class InceptionFeatureExtractor(FeatureExtractor):
         """(n, 2048) float64 features of already prepared float (n, 3, 299, 299) images (``prepare``)."""
         n = len(x)
         parts = []
-        with torch.inference_mode():
+        with torch.inference_mode(), ieee_fp32():  # TF32 off: features agree with the CPU's (numerics)
             for b in range(0, n, self.block):
                 chunk = x[b:b + self.block].to(self.device, torch.float32)
                 m = len(chunk)

@@ -1,9 +1,11 @@
 """FID reference statistics of the real images (METHODS.md 6: the 5,000 COCO val2017 images,
 clean-fid protocol), computed once per (image set, feature extractor) and cached as .npz.
 
-The cache key hashes the extractor's name and protocol, the id of its weights, and every
-image's file name and size, in order: a different image set, preprocessing or weight file
-gives a different cache entry, never stale statistics.
+The cache key hashes the extractor's name and protocol, the id of its weights, the device type
+and float32 precision its network runs at (``extractor_numerics``, ``coolsd.metrics.numerics``),
+and every image's file name and size, in order: a different image set, preprocessing, weight
+file, device type or precision gives a different cache entry, never statistics computed
+otherwise than the generated images' features they are compared with.
 """
 from __future__ import annotations
 
@@ -43,9 +45,19 @@ def coco_image_files(images_dir, image_ids: Sequence[int] | None = None) -> list
     return files
 
 
+def extractor_numerics(extractor) -> str:
+    """The extractor's ``numerics`` (``FeatureExtractor.numerics``: device type and precision); an
+    extractor without one runs on its ``device`` (default the CPU) under the metric precision."""
+    from coolsd.metrics.numerics import metric_numerics
+
+    numerics = getattr(extractor, "numerics", None)
+    return numerics if numerics is not None else metric_numerics(getattr(extractor, "device", "cpu"))
+
+
 def reference_key(files: Sequence[Path], extractor, weights_id: str) -> str:
     h = hashlib.sha256()
-    h.update(f"{extractor.name}|{getattr(extractor, 'protocol', '')}|{weights_id}\n".encode())
+    h.update(f"{extractor.name}|{getattr(extractor, 'protocol', '')}|{weights_id}|"
+             f"{extractor_numerics(extractor)}\n".encode())
     for f in files:
         h.update(f"{Path(f).name}|{Path(f).stat().st_size}\n".encode())
     return h.hexdigest()[:20]
@@ -61,14 +73,18 @@ def image_statistics(files: Sequence[Path], extractor, batch: int = 64, desc: st
 
 def reference_statistics(files: Sequence[Path], extractor, cache_dir, weights_id: str,
                          batch: int = 64) -> tuple[np.ndarray, np.ndarray, int]:
-    """(mu, sigma, n) of the reference images' features, from ``cache_dir`` when present."""
-    cache = Path(cache_dir) / f"fid_ref_{extractor.name}_{len(files)}_{reference_key(files, extractor, weights_id)}.npz"
+    """(mu, sigma, n) of the reference images' features, from ``cache_dir`` when present (an entry
+    per ``reference_key``; its file name also shows the device type, and the file holds the
+    ``numerics`` string it was made under)."""
+    numerics = extractor_numerics(extractor)
+    key = reference_key(files, extractor, weights_id)
+    cache = Path(cache_dir) / f"fid_ref_{extractor.name}_{numerics.split('|', 1)[0]}_{len(files)}_{key}.npz"
     if cache.is_file():
         z = np.load(cache)
         return z["mu"], z["sigma"], int(z["n"])
     mu, sigma = image_statistics(files, extractor, batch, desc="FID reference").compute()
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache.with_name(cache.stem + ".partial.npz")
-    np.savez(tmp, mu=mu, sigma=sigma, n=len(files))
+    np.savez(tmp, mu=mu, sigma=sigma, n=len(files), numerics=numerics)
     tmp.replace(cache)
     return mu, sigma, len(files)
