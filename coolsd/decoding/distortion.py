@@ -34,9 +34,37 @@ from coolsd.decoding.rules import ExactRule, GroupRule, LanternRule, Rule, Scale
 from coolsd.decoding.sampling import _TINY, normalize
 
 
+# LANTERN's exact distortion goes through its rows in chunks (``emitted_distribution``) of at most
+# this many (row, token, neighbour) entries: its largest temporaries are (rows, V, k + 1) -- the
+# neighbour gathers of ``lantern.neighbour_sum`` / ``reverse_sum`` and the first block and the
+# continued prefixes of ``_aggregate_all`` -- so each holds at most 2^26 elements (256 MiB of float32,
+# 512 MiB of float64), whatever the rows of a deferred-signal flush; about 3.3 such temporaries are
+# live at the peak (measured on the CPU at LANTERN's k = 1000, V = 16384, float32: 0.85 GiB extra
+# in chunks of 4 rows, 1.60 GiB for 8 rows at once, growing with the rows). At that size a chunk
+# is 4 rows; where one row alone has more entries (V (k + 1) > 2^26), a chunk is one row.
+LANTERN_CHUNK_ELEMENTS = 1 << 26
+
+
+def lantern_chunk_rows(rule: LanternRule, V: int) -> int:
+    """Rows of one chunk of LANTERN's exact distortion (``LANTERN_CHUNK_ELEMENTS``), at least 1."""
+    return max(1, LANTERN_CHUNK_ELEMENTS // (V * rule.nb_k1.shape[1]))
+
+
 def emitted_distribution(rule: Rule, p: torch.Tensor, q: torch.Tensor, depth: int) -> torch.Tensor:
     """pi (B, V): the distribution of the token the rule emits at a chain node of ``depth``,
-    marginalised over the draft x ~ q; p, q (B, V) the target's and the drafter's distributions."""
+    marginalised over the draft x ~ q; p, q (B, V) the target's and the drafter's distributions.
+    LANTERN rules go ``lantern_chunk_rows`` rows at a time: every step of formula (3) of
+    docs/distortion.md (and of the G* aggregation) is per row, so the chunks' rows are the
+    unchunked call's (bit for bit on the CPU, ``tests/test_memory_bounds.py``)."""
+    if isinstance(rule, LanternRule) and p.dim() == 2:
+        n = lantern_chunk_rows(rule, p.shape[-1])
+        if p.shape[0] > n:
+            return torch.cat([_emitted(rule, p[i : i + n], q[i : i + n], depth) for i in range(0, p.shape[0], n)])
+    return _emitted(rule, p, q, depth)
+
+
+def _emitted(rule: Rule, p: torch.Tensor, q: torch.Tensor, depth: int) -> torch.Tensor:
+    """``emitted_distribution`` of one chunk of rows."""
     if isinstance(rule, LanternRule) and rule.resample != "gstar":
         return _lantern_emitted(rule, p, q)
     if isinstance(rule, GroupRule):  # q f depends on q; the residual does not depend on x

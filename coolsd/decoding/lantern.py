@@ -1,6 +1,8 @@
 """LANTERN / LANTERN++ latent neighbourhoods and aggregated probabilities (METHODS.md 3)."""
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from typing import Optional
 
 import torch
@@ -12,18 +14,104 @@ from coolsd.compiled import compiling
 UNROLL_MAX = 33
 
 
-def neighbours_from_codebook(codebook: torch.Tensor, k: int | None = None) -> torch.Tensor:
-    """For every code, the other codes by increasing L2 distance of raw codebook vectors.
+# rows of the distance matrix sorted at once by ``neighbours_from_codebook``: blocks of at most
+# this many entries (2^24: 1024 rows of LlamaGen's 16384 codes, 128 MiB of float64 distances, plus
+# the sort's values and int64 indices of the same size), not the whole (V, V) matrix
+NEIGHBOUR_BLOCK_ELEMENTS = 1 << 24
+# neighbour columns kept per codebook at least (``neighbour_table``): LANTERN's default k = 1000
+# reads k + 1 = 1001 of them (``rules.LanternRule.nb_k1``), so one table serves every default method
+NEIGHBOURS_KEPT = 1024
+_TABLES_KEPT = 4  # codebooks whose tables ``neighbour_table`` keeps (least recently used dropped)
+_TABLES: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()
+
+
+def neighbours_from_codebook(codebook: torch.Tensor, k: int | None = None, *,
+                             block_rows: int | None = None) -> torch.Tensor:
+    """For every code, the other codes by increasing L2 distance of raw codebook vectors
+    (METHODS.md 3).
 
     Self is excluded; ties break by code index (stable sort). Returns (V, k) long, k <= V-1.
-    """
-    cb = codebook.double()
+    Computed in float64 over blocks of ``block_rows`` rows (default: ``NEIGHBOUR_BLOCK_ELEMENTS``
+    distances a block), each row sorted on its own: the table equals the whole (V, V) matrix's
+    sort wherever a row's distances do not depend on the other rows of its block (checked on the
+    CPU: random 16384 x 8 codebooks, raw and L2-normalised, blocks of 7 to 4096 rows, and
+    tests/test_memory_bounds.py with exact ties; float32 distances reorder the first 1025 neighbours
+    of 1700-1900 of the 16384 rows there, so float64 stays). Transient memory: one block's
+    distances, sorted values and indices (384 MiB at LlamaGen's V = 16384; the whole matrix: 7 GiB measured)."""
+    cb = codebook.detach().double()
     V = cb.shape[0]
     k = V - 1 if k is None else min(int(k), V - 1)
-    dist = torch.cdist(cb, cb)
-    dist.fill_diagonal_(float("inf"))
-    order = torch.sort(dist, dim=1, stable=True).indices
-    return order[:, :k].contiguous()
+    rows = max(1, NEIGHBOUR_BLOCK_ELEMENTS // max(V, 1)) if block_rows is None else max(1, int(block_rows))
+    out = torch.empty(V, k, dtype=torch.long, device=cb.device)
+    for start in range(0, V, rows):
+        dist = torch.cdist(cb[start : start + rows], cb)  # (rows, V)
+        n = dist.shape[0]
+        self_col = torch.arange(start, start + n, device=cb.device)
+        dist[torch.arange(n, device=cb.device), self_col] = float("inf")  # self last
+        out[start : start + n] = torch.sort(dist, dim=1, stable=True).indices[:, :k]
+        del dist
+    return out
+
+
+def _codebook_key(codebook: torch.Tensor) -> tuple:
+    """What identifies a codebook's neighbour table: its shape, device and float64 content
+    (``neighbours_from_codebook`` reads nothing else), hashed."""
+    cb = codebook.detach().double().cpu().contiguous()
+    return tuple(cb.shape), str(codebook.device), hashlib.sha256(cb.numpy().tobytes()).hexdigest()
+
+
+def neighbour_table(codebook: torch.Tensor, width: int) -> torch.Tensor:
+    """``neighbours_from_codebook(codebook, w)`` with w >= min(width, V - 1) columns, built once per
+    codebook content in a process (a sweep of LANTERN methods over one tokenizer sorts its codebook
+    once): at least ``NEIGHBOURS_KEPT`` columns, rebuilt wider only for a wider request (any k
+    works; k >= NEIGHBOURS_KEPT costs one more sort). Its first columns are those of any narrower
+    table (the same stable order), so callers slice ``[:, :k]``. Tables stay on the codebook's
+    device, ``_TABLES_KEPT`` codebooks at most."""
+    V = codebook.shape[0]
+    width = min(int(width), V - 1)
+    key = _codebook_key(codebook)
+    table = _TABLES.get(key)
+    if table is None or table.shape[1] < width:  # one spare column: LanternRule reads k, then k + 1
+        table = neighbours_from_codebook(codebook, min(max(width + 1, NEIGHBOURS_KEPT), V - 1))
+        _TABLES[key] = table
+    _TABLES.move_to_end(key)
+    while len(_TABLES) > _TABLES_KEPT:
+        _TABLES.popitem(last=False)
+    return table
+
+
+class CodebookNeighbours:
+    """A world's LANTERN neighbourhoods (METHODS.md 3), indexed as the (V, V - 1) table
+    ``neighbours_from_codebook(codebook)`` but built on the first read, with the columns that
+    read needs (``neighbour_table``, shared per codebook): a world that never builds a LANTERN
+    method never sorts its codebook, and ``rules.LanternRule``'s ``[:, :k]`` / ``[:, :k + 1]``
+    keep ``NEIGHBOURS_KEPT`` columns (LlamaGen: 16384 x 1024 int64, 128 MiB), not V - 1 (2 GiB).
+    Reads without a leading column slice ``[:, :m]`` build every column."""
+
+    def __init__(self, codebook: torch.Tensor):
+        self.codebook = codebook.detach()
+        V = self.codebook.shape[0]
+        self.shape = torch.Size((V, V - 1))
+        self._table: Optional[torch.Tensor] = None  # the widest table this object read
+
+    def columns(self, width: int) -> torch.Tensor:
+        """A table of at least min(width, V - 1) columns (the first ones of the full table)."""
+        width = min(int(width), self.shape[1])
+        if self._table is None or self._table.shape[1] < width:
+            self._table = neighbour_table(self.codebook, width)
+        return self._table
+
+    def __getitem__(self, key):
+        cols = key[1] if isinstance(key, tuple) and len(key) == 2 else None
+        prefix = isinstance(cols, slice) and cols.start in (None, 0) and cols.step in (None, 1) \
+            and cols.stop is not None and cols.stop >= 0
+        return self.columns(cols.stop if prefix else self.shape[1])[key]
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        return f"CodebookNeighbours(V={self.shape[0]}, built={self._table is not None})"
 
 
 def aggregate(

@@ -21,6 +21,7 @@ token-to-pixel decoder, the files it needs and its quality metrics; the generati
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from abc import ABC, abstractmethod
@@ -30,6 +31,7 @@ import numpy as np
 import torch
 
 from coolsd.batch_invariant import per_sample
+from coolsd.decoding.lantern import CodebookNeighbours
 from coolsd.decoding.rng import PerSampleRNG
 from coolsd.drafting import SamplingConfig, build_drafter
 from coolsd.generate import speculative_generate
@@ -84,6 +86,10 @@ class World(ABC):
     # compile=true: the world runs its target and drafter forwards under torch.compile (coolsd.compiled)
     compiles: ClassVar[bool] = False
     compiled: bool = False  # this loaded world runs compiled (set by worlds that compile)
+    # images a call of ``decode_uint8`` decodes at most (``decode_images``): a VQ decoder's float32
+    # activations at full resolution cost ~1.2-1.5 GB an image for Lumina-mGPT at 768 px, so a whole
+    # batch at once would grow with the batch; 4 images keep the peak a few GB at any batch size
+    decode_chunk: int = 4
     signals: bool = True  # discrete worlds record per-token quality signals (``quality_signals``, set by load_world)
 
     name: str
@@ -151,6 +157,17 @@ class World(ABC):
     def reference_images(self, prompts: list) -> Optional[np.ndarray]:
         return None
 
+    def decode_images(self, tokens) -> np.ndarray:
+        """``decode_uint8(tokens)`` for a batch, ``decode_chunk`` images a call (bounded decoder
+        memory), each chunk through ``per_sample`` (one image a call inside ``batch_invariant()``).
+        The decoders are per image (convolutions, GroupNorm and attention within an image), so a
+        chunk's images are the whole batch's up to a convolution's choice of algorithm by batch size
+        (``coolsd.batch_invariant``; bit for bit on the CPU for the tiny test decoders, and bit for
+        bit everywhere inside ``batch_invariant()``, which decodes images alone either way)."""
+        n = max(1, int(self.decode_chunk))
+        parts = [per_sample(self.decode_uint8, tokens[i : i + n]) for i in range(0, len(tokens), n)]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
 
 def draft_kind(cfg, default: str, valid: tuple[str, ...], target: str, hint: str) -> str:
     """The configured ``draft.kind`` (the target's default without a draft config), validated."""
@@ -204,8 +221,9 @@ def image_signals(res, b: int) -> dict:
 class DiscreteWorld(World):
     """A token target: ``target`` (an ``ImageTarget``: ``vocab_size``, ``n_image_tokens``),
     ``encode(captions)`` -> its condition, ``decode_uint8(tokens)`` -> (B, H, W, 3) uint8,
-    ``drafter()`` (the configured draft model), ``neighbours`` (LANTERN's latent
-    neighbourhoods or None) and ``sampling``; every method runs through ``coolsd.generate``."""
+    ``drafter()`` (the configured draft model), ``codebook()`` (the VQ codebook LANTERN's latent
+    neighbourhoods are measured in, or None) and ``sampling``; every method runs through
+    ``coolsd.generate``."""
 
     family = "discrete"
     record_metrics = World.record_metrics + ("step_tv", "step_kl", "target_nll", "target_nll_expected", "off_support")
@@ -213,7 +231,6 @@ class DiscreteWorld(World):
     columns = SPEED_COLUMNS + SIGNAL_COLUMNS
     target: Any
     sampling: SamplingConfig
-    neighbours: Optional[torch.Tensor] = None
     cfg_scale: float
 
     @abstractmethod
@@ -227,6 +244,20 @@ class DiscreteWorld(World):
     @abstractmethod
     def drafter(self):
         """The draft model (an ``ARModel``) of the configured ``draft``; an error if none."""
+
+    def codebook(self) -> Optional[torch.Tensor]:
+        """The (V, D) VQ codebook whose L2 geometry defines LANTERN's neighbourhoods (METHODS.md 3);
+        None where the tokenizer has none (LANTERN methods are then refused)."""
+        return None
+
+    @functools.cached_property
+    def neighbours(self) -> Optional[CodebookNeighbours]:
+        """LANTERN's latent neighbourhoods, indexed as the (V, V - 1) table of
+        ``lantern.neighbours_from_codebook``, or None: nothing is sorted until a method reads its
+        columns (``build_method`` of ``lantern`` / ``lantern_pp``: their rules are the only readers),
+        and the table is shared by every world over the same codebook (``lantern.neighbour_table``)."""
+        cb = self.codebook()
+        return None if cb is None else CodebookNeighbours(cb)
 
     def settings(self) -> dict:
         return {"sampling": dataclasses.asdict(self.sampling), "cfg_scale": float(self.cfg_scale),
@@ -254,7 +285,7 @@ class DiscreteWorld(World):
     def generate(self, method, prompts: list, seeds: list[int]) -> list[Sample]:
         res, _ = self.generate_tokens(method, prompts, seeds)
         with torch.no_grad():
-            imgs, decode_s = image_seconds(lambda: per_sample(self.decode_uint8, res.tokens), self.device)
+            imgs, decode_s = image_seconds(lambda: self.decode_images(res.tokens), self.device)
         return [Sample({"round_lengths": res.round_lengths[b], "accepted_length": res.accepted_length(b),
                         "target_forwards": res.target_forwards[b], "draft_forwards": res.draft_forwards,
                         "latency_s": res.seconds, "decode_s": decode_s, **image_signals(res, b)}, imgs[b])
@@ -309,7 +340,7 @@ class ContinuousWorld(World):
         with torch.no_grad():  # a continuous method runs its own loop (coolsd.methods.cspd)
             res, latency = image_seconds(lambda: method.generate(self.target, self.draft, labels, seeds, self.head),
                                          self.device)
-            imgs, decode_s = image_seconds(lambda: per_sample(self.decode_uint8, res.tokens), self.device)
+            imgs, decode_s = image_seconds(lambda: self.decode_images(res.tokens), self.device)
         L = res.tokens.shape[1]
         return [Sample({"accepted_length": L / res.counters[b]["target_forwards"], **res.counters[b],
                         "acceptance_rate": res.acceptance_rate(b), "latency_s": latency, "decode_s": decode_s},

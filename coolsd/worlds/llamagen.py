@@ -16,7 +16,6 @@ from typing import Optional
 import numpy as np
 import torch
 
-from coolsd.decoding.lantern import neighbours_from_codebook
 from coolsd.drafters.eagle import DRAFTER_SOURCE, EagleDrafter, EagleHead, load_eagle_head
 from coolsd.drafting import SamplingConfig
 from coolsd.models.llamagen import (GPT_SOURCE, HF_SOURCE, HF_WEIGHTS, VARIANTS, LlamaGenGPT, LlamaGenTarget,
@@ -87,7 +86,6 @@ class LlamaGenWorld(DiscreteWorld):
         self.name, self.gpt, self.encoder, self.vq = name, gpt, encoder, vq
         self.cfg_scale, self.sampling, self.draft_kind, self._files = cfg_scale, sampling, draft_kind, files or {}
         self.device = gpt.device
-        self.neighbours = neighbours_from_codebook(vq.quantize.codebook().detach().float())
         # LANTERN's drafters prefill every text slot's feature: the target hands them all over
         prefix = head is not None and getattr(head, "text_prefix", True)
         self.compiled = compile
@@ -114,6 +112,9 @@ class LlamaGenWorld(DiscreteWorld):
 
     def decode_uint8(self, tokens: torch.Tensor) -> np.ndarray:
         return self.vq.decode_uint8(tokens)
+
+    def codebook(self) -> torch.Tensor:
+        return self.vq.quantize.codebook().detach().float()  # L2-normalised, as looked up (llamagen_vq)
 
     def drafter(self):
         if self._drafter is None:

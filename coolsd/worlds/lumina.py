@@ -18,7 +18,6 @@ import os
 import numpy as np
 import torch
 
-from coolsd.decoding.lantern import neighbours_from_codebook
 from coolsd.drafters.eagle_lumina import LUMINA_DRAFTER_SOURCE, LuminaEagleDrafter, load_lumina_eagle_head
 from coolsd.drafting import SamplingConfig
 from coolsd.loading import reading
@@ -124,8 +123,6 @@ class LuminaWorld(DiscreteWorld):
         self._files, self._drafter = files, drafter
         self.cfg_scale = target.cfg_scale
         self.device = target.model.device
-        codebook = getattr(target.decoder, "codebook", None)
-        self.neighbours = None if codebook is None else neighbours_from_codebook(codebook.detach().float())
 
     def files(self) -> dict:
         return self._files
@@ -141,6 +138,10 @@ class LuminaWorld(DiscreteWorld):
         ``(x * 255).astype(np.uint8)`` -- not round: rounding makes ~45% of the values 1 higher."""
         x = self.target.decode(tokens).float().clamp(0.0, 1.0)
         return (x * 255).floor().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+
+    def codebook(self):
+        codebook = getattr(self.target.decoder, "codebook", None)  # the VQGAN's raw codebook (chameleon_vq)
+        return None if codebook is None else codebook.detach().float()
 
     def drafter(self):
         if self._drafter is None:

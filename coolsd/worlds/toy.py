@@ -15,7 +15,6 @@ from typing import Optional
 import numpy as np
 import torch
 
-from coolsd.decoding.lantern import neighbours_from_codebook
 from coolsd.drafters.eagle import EagleDrafter, load_eagle_head
 from coolsd.drafting import SamplingConfig
 from coolsd.models.llamagen import LlamaGenTarget
@@ -117,7 +116,6 @@ class ToyWorld(DiscreteWorld):
         self.sampling = SamplingConfig.resolve(cfg.target.get("sampling"), cfg.get("sampling"))
         self.gpt, self.vq, self.encoder = assets.gpt, assets.vq, assets.encoder
         self.device = self.gpt.device
-        self.neighbours = neighbours_from_codebook(self.vq.codebook.detach())
         self.compiled = bool(cfg.get("compile", False))
         self.target = LlamaGenTarget(self.gpt, cfg_scale=self.cfg_scale, compile=self.compiled)
         self.draft_path = str(cfg.draft.path) if draft == "eagle" else None
@@ -137,6 +135,9 @@ class ToyWorld(DiscreteWorld):
 
     def decode_uint8(self, tokens: torch.Tensor) -> np.ndarray:
         return self.vq.decode_uint8(tokens)
+
+    def codebook(self) -> torch.Tensor:
+        return self.vq.codebook.detach()
 
     def drafter(self):
         return self._drafter
