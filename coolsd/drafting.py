@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import torch
 
-from coolsd.compiled import compile_step
+from coolsd.compiled import compile_step, compiling
 from coolsd.decoding.sampling import normalize, sample_inverse_cdf, sample_without_replacement, warp_probs
 from coolsd.decoding.trees import Tree, pac_tree
 from coolsd.protocols import ARModel, StepOut
@@ -94,16 +94,30 @@ class ModelDrafter:
     def depth_cap(self, n_out: torch.Tensor) -> Optional[torch.Tensor]:
         return None
 
-    def propose(self, tree: Tree, rng, max_depth: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def propose(self, tree: Tree, rng, max_depth: torch.Tensor, depth_bound: Optional[int] = None):
         """The round's tree: (tokens (B, n+1), q (B, n+1, V)); nodes deeper than ``max_depth``
-        (B,) are not verified, so eager drafting stops at its maximum (one host read)."""
-        # a fixed number of uniforms per sample and round, whatever the batch needs
-        u = rng.uniform(max(len(tree.expanded_nodes), 1), self.model.vocab_size)
-        depth = tree.max_depth if self.compiled else min(tree.max_depth, int(max_depth.max()))
+        (B,) are not verified, so eager drafting stops at ``depth_bound``, the loop's host-known
+        upper bound of ``max_depth.max()`` (None: read it, one host read)."""
+        # a fixed number of uniforms per sample and round, whatever the batch needs: one per
+        # (expanded node, child rank)
+        u = rng.uniform(max(len(tree.expanded_nodes), 1), max(tree.max_children, 1))
+        bound = int(max_depth.max()) if depth_bound is None else depth_bound
+        depth = tree.max_depth if self.compiled else min(tree.max_depth, bound)
         tokens, q, self.length = self._expand_fn(tree, u, depth, self.ctx_tokens, self.ctx_feats, self.ctx_count,
                                                  self.length)
         self.forwards += 1 + len(tree.forwarded_levels(depth))
         return tokens, q
+
+    def _causal(self, C: int) -> torch.Tensor:
+        """The context forward's (C, C) causal mask: one object per (C, device) in eager code (a
+        drafter may analyse a mask once per object: LuminaEagleDrafter)."""
+        if compiling():
+            return torch.ones(C, C, dtype=torch.bool).tril()
+        masks = self.__dict__.setdefault("_causal_masks", {})
+        key = (C, torch.get_default_device())
+        if key not in masks:
+            masks[key] = torch.ones(C, C, dtype=torch.bool).tril()
+        return masks[key]
 
     def _expand(self, tree: Tree, u: torch.Tensor, depth_to_draft: int, ctx_tokens, ctx_feats, ctx_count, length):
         """The drafter's forwards of one round: the context (accepted tokens and the emitted
@@ -117,9 +131,8 @@ class ModelDrafter:
         V = self.model.vocab_size
 
         pos = length.unsqueeze(1) + torch.arange(C)
-        causal = torch.ones(C, C, dtype=torch.bool).tril()
-        out = self.model.forward(ctx_tokens, pos, causal, ctx_feats)
-        self.model.commit(torch.arange(C).expand(B, C), ctx_count)
+        out = self.model.forward(ctx_tokens, pos, self._causal(C), ctx_feats)
+        self.model.commit(None, ctx_count)  # the context's entries in order: in place
         last = ctx_count - 1
         length = length + ctx_count
         root_logits = out.logits[ar, last]
@@ -131,7 +144,7 @@ class ModelDrafter:
         q = torch.zeros(B, n1, V, dtype=torch.promote_types(root_logits.dtype, torch.float32))
         node_probs = {0: self.sampling.probs(root_logits)}
         node_hidden = {0: root_hidden}
-        forwarded: list[int] = []  # pending tree entries in cache order
+        forwarded: tuple[int, ...] = ()  # levels of the pending tree entries, in cache order
         for d in range(depth_to_draft):
             for i in tree.levels[d]:
                 m = n_children[i]
@@ -142,20 +155,19 @@ class ModelDrafter:
                     tokens[:, c] = toks[:, r]
                     q[:, c] = cond[:, r].to(q.dtype)
             # run the drafter on level d+1 only if some of its nodes will be expanded
-            nxt = tree.levels[d + 1]
+            nxt, at = tree.levels[d + 1], tree.level_slices[d + 1]
             if d + 1 not in forwarded_levels:
                 continue
-            allowed = forwarded + nxt
-            attend = tree.ancestors[nxt][:, allowed]
+            forwarded += (d + 1,)
+            attend = tree.drafting_mask(d + 1, forwarded)
             feats = None
             if node_hidden[0] is not None:
                 feats = torch.stack([node_hidden[tree.parent_list[c]] for c in nxt], dim=1)
-            pos = (length - 1).unsqueeze(1) + tree.depth[nxt].unsqueeze(0)
-            step = self.model.forward(tokens[:, nxt], pos, attend, feats)
+            pos = (length - 1).unsqueeze(1) + tree.depth[at].unsqueeze(0)
+            step = self.model.forward(tokens[:, at], pos, attend, feats)
             for j, c in enumerate(nxt):
                 node_probs[c] = self.sampling.probs(step.logits[:, j])
                 node_hidden[c] = None if step.hidden is None else step.hidden[:, j]
-            forwarded.extend(nxt)
         return tokens, q, length
 
     def observe(self, info: RoundInfo) -> None:
@@ -238,6 +250,7 @@ class JacobiDrafter:
         # spatial inits: image positions. The root is image token 0 when the target was prefilled
         # (the loop draws it from the prefill), a BOS (no position) when it was not.
         self.n_out = torch.full((batch_size,), 0 if target_out is None else 1, dtype=torch.long)
+        self._n_out_bound = 0 if target_out is None else 1  # host upper bound of n_out.max()
         # emitted tokens by position (vertical_repeat), the root first when it is image token 0
         self.history = torch.zeros(batch_size, 0, dtype=torch.long) if target_out is None else first_token.view(-1, 1).clone()
         self.root_q = None  # sample_horizon: the distribution the root was emitted from (None: one-hot)
@@ -248,7 +261,7 @@ class JacobiDrafter:
         lo, hi = self.active
         return torch.where((n_out >= lo) & (n_out < hi), self.n, 0)
 
-    def propose(self, tree: Tree, rng, max_depth: torch.Tensor):
+    def propose(self, tree: Tree, rng, max_depth: torch.Tensor, depth_bound: Optional[int] = None):
         B, n = self.carry_tokens.shape[0], self.n
         # row 0: random top-ups, row 1: next iteration's target samples, row 2 (maximal): keep tests
         u = rng.uniform(3 if self.coupling == "maximal" else 2, n)
@@ -344,8 +357,12 @@ class JacobiDrafter:
             D = info.path.shape[1]
             vals = torch.cat([info.tokens.gather(1, info.path.clamp(min=0)), torch.zeros(B, 1, dtype=torch.long)], 1)
             vals.scatter_(1, info.n_accepted.unsqueeze(1), info.emitted.clamp(min=0).unsqueeze(1))
-            width = int(self.n_out.max()) + D + 2  # the last column: a dump never written with a token this round
+            # n_out grows by at most D + 1 a round: a host bound (no read); the last column is a dump
+            # never written with a token this round
+            self._n_out_bound += D + 1
+            width = self._n_out_bound + D + 2
             if self.history.shape[1] < width:
+                width = max(width, 2 * self.history.shape[1])
                 self.history = torch.cat([self.history, torch.zeros(B, width - self.history.shape[1], dtype=torch.long)], 1)
             cols = torch.arange(D + 1).unsqueeze(0)
             write = cols < new.unsqueeze(1)
@@ -421,12 +438,16 @@ class PACDrafter(JacobiDrafter):
 
     def begin(self, cond, batch_size, first_token, target_out):
         super().begin(cond, batch_size, first_token, target_out)
-        self.sib = torch.zeros(batch_size, self.S, max(self.K - 1, 0), dtype=torch.long)
+        # the tree's index tables follow the loop's device (made on the CPU at construction)
+        dev = first_token.device
+        self.node_depth, self.node_rank = self.node_depth.to(dev), self.node_rank.to(dev)
+        self.sib_nodes, self.follow = self.sib_nodes.to(dev), self.follow.to(dev)
+        self.sib = torch.zeros(batch_size, self.S, max(self.K - 1, 0), dtype=torch.long, device=dev)
         self.sib_q = None  # (B, S, K-1, V); None: no siblings yet (the first window)
 
-    def propose(self, tree: Tree, rng, max_depth: torch.Tensor):
+    def propose(self, tree: Tree, rng, max_depth: torch.Tensor, depth_bound: Optional[int] = None):
         chain_tokens, chain_q = super().propose(tree, rng, max_depth)  # (B, n+1), (B, n+1, V) by depth
-        self._u_sib = rng.uniform(self.S, self.V) if self.S and self.K > 1 else None
+        self._u_sib = rng.uniform(self.S, self.K - 1) if self.S and self.K > 1 else None
         tokens = chain_tokens[:, self.node_depth]
         q = chain_q[:, self.node_depth]
         if self.sib_nodes.numel():

@@ -97,7 +97,8 @@ def speculative_generate(
     If ``bos_token`` is None the first token is sampled from the prefill output and is not a
     round (EAGLE/LANTERN convention); otherwise the first round is rooted at ``bos_token``
     (the theory lab: generation from the empty prefix, every token from a round).
-    ``rng`` gives uniforms per sample (``coolsd.decoding.rng``, drawn on the CPU).
+    ``rng`` gives uniforms per sample (``coolsd.decoding.rng``: counter-based, computed on the
+    target's device, the same values on every device).
 
     ``distortion``: record each emitted token's quality signals (exact distortion ``step_tv`` /
     ``step_kl``, docs/distortion.md; ``token_nll``, ``token_nll_expected``, ``token_off_support``,
@@ -109,21 +110,13 @@ def speculative_generate(
     with the tree and the uniforms moved there. Untested on a GPU so far.
     """
     dev = torch.device(getattr(target, "device", "cpu"))
+    rng = rng.on(dev)  # counter-based streams computed on the target's device (coolsd.decoding.rng)
+    rule = rule.on(dev) if rule is not None else None
     if dev.type != "cpu":
         with torch.device(dev):
-            return _generate(target, n_tokens, _UniformsOn(rng, dev), rule, drafter, tree.on(dev), sampling, cond,
-                             batch_size, bos_token, sync, distortion)
+            return _generate(target, n_tokens, rng, rule, drafter, tree.on(dev), sampling, cond, batch_size,
+                             bos_token, sync, distortion)
     return _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_size, bos_token, sync, distortion)
-
-
-class _UniformsOn:
-    """A uniform source whose draws (made on the CPU, from per-sample generators) are moved to ``device``."""
-
-    def __init__(self, rng, device):
-        self.rng, self.device = rng, device
-
-    def uniform(self, *shape: int) -> torch.Tensor:
-        return self.rng.uniform(*shape).to(self.device)
 
 
 def _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_size, bos_token, sync, distortion):
@@ -173,6 +166,7 @@ def _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_
     t_len = torch.zeros(B, dtype=torch.long)  # committed target entries after the condition
     n1 = tree.n_nodes + 1
     more = n_out0 < n_tokens  # host-known: every sample starts with the same count
+    rounds = 0
     while more:
         active = n_out < n_tokens
         remaining = n_tokens - n_out
@@ -183,8 +177,9 @@ def _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_
         max_depth = torch.where(active, max_depth, torch.zeros_like(max_depth))
         u_accept = rng.uniform(n1)
         u_emit = rng.uniform(1)[:, 0]
-        if drafter is not None:
-            tokens, q = drafter.propose(tree, rng, max_depth)
+        if drafter is not None:  # every active sample emits >= 1 token a round: a host bound of max_depth.max()
+            depth_bound = max(0, min(tree.max_depth, n_tokens - n_out0 - rounds))
+            tokens, q = drafter.propose(tree, rng, max_depth, depth_bound=depth_bound)
         else:
             tokens, q = root.unsqueeze(1).clone(), None  # root itself advances in place
         hidden, p, path, n_accepted, emitted, logged, status = round_fn(
@@ -195,6 +190,7 @@ def _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_
             drafter.observe(RoundInfo(tokens, path, n_accepted, emitted, p, hidden))
         # the round's one host read (in compiled mode; eager drafting and verification add early exits)
         failed, more = status.tolist()
+        rounds += 1
         if failed:
             b = int(logged.eq(-2).nonzero()[0, 0])
             raise NonFiniteLogits(b, int(n_out[b]))
@@ -277,7 +273,9 @@ def verify_round(target, tokens, t_len, tree: Tree, q, rule: Rule, u_accept, u_e
     if q is None:
         q = torch.zeros_like(p)
     v = verify_tree(p, q.to(p.dtype), tokens, tree, rule, u_accept, u_emit, max_depth, emit_allowed_after=remaining)
-    keep = torch.cat([torch.zeros(B, 1, dtype=torch.long), v.path.clamp(min=0)], dim=1)
+    # the root, then the accepted path; on a chain (and AR) that is the first pending entries in
+    # order (node j at depth j): keep=None, nothing moves
+    keep = None if tree.max_children <= 1 else torch.cat([torch.zeros(B, 1, dtype=torch.long), v.path.clamp(min=0)], 1)
     n_keep = torch.where(active, v.n_accepted + 1, torch.zeros_like(v.n_accepted))
     target.commit(keep, n_keep)
     t_len += n_keep

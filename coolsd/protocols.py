@@ -44,8 +44,10 @@ class ARModel(Protocol):
     ) -> StepOut:
         ...
 
-    def commit(self, keep: torch.Tensor, n_keep: torch.Tensor) -> None:
-        """keep: (B, K) indices into pending entries; n_keep: (B,) how many of them to keep."""
+    def commit(self, keep: Optional[torch.Tensor], n_keep: torch.Tensor) -> None:
+        """keep: (B, K) indices into pending entries, or None for the first pending entries in
+        order (AR steps, accepted chain prefixes: nothing moves); n_keep: (B,) how many of them to
+        keep. Reads nothing on the host (the loop's sync budget, docs/gpu.md)."""
         ...
 
 

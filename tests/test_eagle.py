@@ -255,7 +255,8 @@ class SpyDrafter(EagleDrafter):
     def commit(self, keep, n_keep):
         tokens, positions, features = self._last
         for b in range(tokens.shape[0]):
-            for j in keep[b, : int(n_keep[b])].tolist():
+            kept = range(int(n_keep[b])) if keep is None else keep[b, : int(n_keep[b])].tolist()  # None: in order
+            for j in kept:
                 self.entries[b].append((int(tokens[b, j]), int(positions[b, j]), features[b, j]))
         super().commit(keep, n_keep)
 

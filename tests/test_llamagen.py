@@ -218,7 +218,7 @@ def test_batch_equals_single_runs():
         close(single[0], batched[b])
 
 
-def test_kv_cache_commit_keeps_given_order_per_sample():
+def test_kv_cache_commit_keeps_given_order_per_sample(monkeypatch):
     cache = KVCache(n_layers=1, batch_size=2, n_heads=1, head_dim=1, max_len=8, dtype=torch.float64)
     vals = torch.arange(4, dtype=torch.float64).view(1, 1, 4, 1).expand(2, 1, 4, 1)
     step = cache.prepare(torch.ones(4, 4, dtype=torch.bool), 4)
@@ -226,15 +226,17 @@ def test_kv_cache_commit_keeps_given_order_per_sample():
     cache.advance(4)
     cache.commit(torch.tensor([[2, 0, 3], [1, 1, 1]]), torch.tensor([3, 1]))
     assert cache.length.tolist() == [3, 1] and cache.n_pending == 0
+    assert cache._max_committed >= 3  # the host's bound of the longest committed length (no read)
     assert cache.k[0][0, 0, :3, 0].tolist() == [2.0, 0.0, 3.0]
     assert cache.k[0][1, 0, :1, 0].tolist() == [1.0]
     # next step: sample 1's new entry sits at slot 1 and sees slot 0 only among committed ones
     step = cache.prepare(torch.ones(1, 1, dtype=torch.bool), 1)
     assert step.slots.tolist() == [[3], [1]]
-    assert step.mask[1, 0, 0].tolist() == [True, True, False, False]
+    assert step.mask[1, 0, 0, :4].tolist() == [True, True, False, False] and not step.mask[1, 0, 0, 4:].any()
     with pytest.raises(ValueError):
         cache.prepare(torch.ones(1, 2, dtype=torch.bool), 1)  # no pending yet: attend is (1, 1)
     cache.advance(1)
+    monkeypatch.setenv("COOLSD_CHECKS", "1")  # commits trust n_keep unless asked to check (a host read each)
     with pytest.raises(ValueError):
         cache.commit(torch.zeros(2, 2, dtype=torch.long), torch.tensor([2, 0]))  # only 1 pending
 

@@ -21,6 +21,7 @@ from coolsd.metrics.inception import InceptionFeatureExtractor
 from coolsd.metrics.reference import coco_image_files, reference_statistics
 from coolsd.records import RecordWriter
 from tiny_models import MomentFeatures, write_tiny_clip
+from test_eval_protocols import _coco  # noqa: E402  (the same random COCO folder)
 
 IEEE = "float32_matmul_precision=highest,cudnn.allow_tf32=False"
 
@@ -31,14 +32,6 @@ def _run(root, n=2):
     for i in range(n):
         w.append({"method": "ar", "prompt_index": i, "caption": "a red cat", "seed": i},
                  r.integers(0, 256, (40, 48, 3), dtype=np.uint8), f"ar/{i:05d}.png")
-    return root
-
-
-def _coco(root, ids=(139, 285, 632)):
-    root.mkdir()
-    r = np.random.default_rng(1)
-    for k, i in enumerate(ids):
-        Image.fromarray(r.integers(0, 256, (50 + 10 * k, 64, 3), dtype=np.uint8)).save(root / f"{i:012d}.jpg")
     return root
 
 

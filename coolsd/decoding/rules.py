@@ -52,6 +52,21 @@ class Rule:
     def describe(self) -> dict:
         return {"rule": self.name}
 
+    def on(self, device) -> "Rule":
+        """This rule with every tensor it holds on ``device`` (a copy made once per device; the
+        loop verifies with the target's): tables built where their inputs were (a codebook's
+        neighbourhoods, a schedule) never meet the target's tensors on another device."""
+        device = torch.device(device)
+        state = {k: v for k, v in vars(self).items() if k != "_on_device"}
+        if all(v.device == device for v in state.values() if isinstance(v, torch.Tensor)):
+            return self
+        copies = self.__dict__.setdefault("_on_device", {})
+        if device not in copies:
+            moved = object.__new__(type(self))
+            moved.__dict__.update({k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in state.items()})
+            copies[device] = moved
+        return copies[device]
+
 
 class ExactRule(Rule):
     """Lossless speculative sampling (EAGLE-1 recursive rejection; SJD's window test)."""

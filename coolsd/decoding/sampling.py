@@ -94,21 +94,20 @@ def randomized_pit(probs, tokens, u, order: str = "rank"):
 def sample_without_replacement(
     probs: torch.Tensor, u: torch.Tensor, k: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """k draws without replacement (Gumbel-top-k), in sampling order.
+    """k draws without replacement by successive sampling, in sampling order: draw j is the
+    inverse-CDF draw (``sample_inverse_cdf``) with uniform ``u[..., j]`` from ``Norm(probs with
+    the first j-1 draws zeroed)`` (the same distribution as Gumbel-top-k, from k uniforms
+    instead of V: a round's randomness is one uniform per drafted node).
 
-    Returns ``tokens`` (..., k) and ``cond_probs`` (..., k, V): for the j-th draw, the
-    distribution it was drawn from, ``Norm(probs with the first j-1 draws zeroed)``
-    (METHODS.md 1.2). Draws beyond the support get an all-zero conditional and must be skipped.
+    ``probs`` (..., V), ``u`` (..., >= k). Returns ``tokens`` (..., k) and ``cond_probs``
+    (..., k, V): for the j-th draw, the distribution it was drawn from (METHODS.md 1.2). Draws
+    beyond the support get an all-zero conditional and must be skipped.
     """
-    gumbel = -torch.log(-torch.log(u.clamp(_TINY, 1 - 1e-7)))
-    keys = torch.log(probs) + gumbel
-    if k == 1:  # one draw: the Gumbel-max token, drawn from Norm(probs) itself (same token as top-1)
-        tokens = keys.argmax(-1, keepdim=True)
-        cond = normalize(probs, torch.zeros_like(probs)).unsqueeze(-2)
-        return tokens, cond
-    tokens = torch.topk(keys, k, dim=-1).indices
-    onehots = torch.nn.functional.one_hot(tokens, probs.shape[-1]).to(probs.dtype)
-    removed = torch.cumsum(onehots, dim=-2) - onehots  # draws before j
-    masked = probs.unsqueeze(-2) * (1 - removed)
-    cond = normalize(masked, torch.zeros_like(masked))
-    return tokens, cond
+    rest, tokens, cond = probs, [], []
+    for j in range(k):
+        cond.append(normalize(rest, torch.zeros_like(rest)))
+        x = sample_inverse_cdf(rest, u[..., j])
+        tokens.append(x)
+        if j + 1 < k:
+            rest = rest.scatter(-1, x.unsqueeze(-1), 0.0)
+    return torch.stack(tokens, -1), torch.stack(cond, -2)

@@ -89,6 +89,34 @@ class Tree:
         return [d for d in range(1, depth) if any(self.n_children_list[c] > 0 for c in self.levels[d])]
 
     @functools.cached_property
+    def level_slices(self) -> list[slice]:
+        """level_slices[d]: the nodes at depth d as a slice (nodes are ordered by depth, so each
+        level is a contiguous range): indexing with it makes no index tensor."""
+        out = []
+        for nodes in self.levels:
+            start = nodes[0] if nodes else 0
+            if nodes != list(range(start, start + len(nodes))):
+                raise ValueError(f"tree {self.name!r}: level {nodes} is not a contiguous node range")
+            out.append(slice(start, start + len(nodes)))
+        return out
+
+    def drafting_mask(self, d: int, levels: tuple[int, ...]) -> torch.Tensor:
+        """(len(level d), n_cols) bool: which of the nodes of ``levels`` (a drafter's pending
+        entries, in cache order) each node at depth d attends to (itself and its ancestors); made
+        once per (tree, device), so no round builds an index tensor from a list."""
+        masks = self.__dict__.setdefault("_drafting_masks", {})
+        if (d, levels) not in masks:
+            cols = torch.tensor([c for level in levels for c in self.levels[level]], dtype=torch.long)
+            masks[(d, levels)] = self.ancestors[self.level_slices[d]][:, cols.to(self.ancestors.device)]
+        return masks[(d, levels)]
+
+    @functools.cached_property
+    def level_max_children(self) -> list[int]:
+        """level_max_children[d]: the most children a node at depth d has (verification's sibling
+        loop at depth d + 1 visits that many ranks), d = 0 .. max_depth."""
+        return [max((self.n_children_list[i] for i in self.levels[d]), default=0) for d in range(self.max_depth + 1)]
+
+    @functools.cached_property
     def levels(self) -> list[list[int]]:
         """levels[d]: node indices at depth d, in node order (d = 0 .. max_depth + 1)."""
         return [self.level(d).tolist() for d in range(self.max_depth + 2)]
@@ -155,7 +183,8 @@ def _with_views(tree: Tree) -> Tree:
     return tree
 
 
-HOST_VIEWS = ("max_depth", "n_children_list", "parent_list", "children_list", "levels", "expanded_nodes")
+HOST_VIEWS = ("max_depth", "n_children_list", "parent_list", "children_list", "levels", "expanded_nodes",
+              "level_max_children", "level_slices")
 
 
 def pac_tree(window: int, width: int, depth: int) -> Tree:

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 import torch
 
-from coolsd.compiled import compiling
 from coolsd.decoding.rules import Rule
 from coolsd.decoding.sampling import normalize, sample_inverse_cdf
 from coolsd.decoding.trees import Tree
@@ -51,21 +50,19 @@ def verify_tree(
     n_acc = torch.zeros(B, dtype=torch.long)
     D = tree.max_depth
     path = torch.full((B, max(D, 1)), -1, dtype=torch.long)
-    eager = not compiling()  # the early exits read the host: eager only (same results)
+    # no early exit reads the host: every depth is walked, over the most children a node at the
+    # depth above has (host-known from the static tree), dead samples masked (the round's one host
+    # read is the loop's)
     for d in range(1, D + 1):
-        if eager and not bool(searching.any()):
-            break
         found = torch.zeros(B, dtype=torch.bool)
         chosen = node.clone()
-        for r in range(tree.max_children):
+        for r in range(tree.level_max_children[d - 1]):
             child = tree.children[node, r]
             c = child.clamp(min=0)
             x = torch.where(child >= 0, tokens[ar, c], 0)
             qj = q[ar, c]
             # duplicates and q_j(x_j) <= 0 are skipped (METHODS.md 1.3)
             live = searching & ~found & (child >= 0) & (qj[ar, x] > 0)
-            if eager and not bool(live.any()):
-                continue
             f, residual = rule.step(p_res, qj, x, d)
             acc = live & (u_accept[ar, c] < f)
             rej = live & ~acc

@@ -407,7 +407,7 @@ class EagleDrafter:
             causal = torch.ones(P, P, dtype=torch.bool).tril()
             self.head(tokens, feats, positions, causal, self.cache)
             n = feats.shape[0]
-            self.cache.commit(torch.arange(P).expand(n, P), torch.full((n,), P, dtype=torch.long))
+            self.cache.commit(None, torch.full((n,), P, dtype=torch.long))
         elif hidden is not None:  # the cache is ready before the first forward (compiled forwards never build one)
             self._ensure_cache(self._halves_of(hidden))
         return None
@@ -449,7 +449,7 @@ class EagleDrafter:
             if bool((n_keep > 0).any()):
                 raise RuntimeError("commit before any forward")
             return
-        self.cache.commit(self._rep(keep), self._rep(n_keep))
+        self.cache.commit(None if keep is None else self._rep(keep), self._rep(n_keep))
 
 
 # ---------------------------------------------------------------------------------------- loading

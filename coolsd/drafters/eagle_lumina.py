@@ -52,6 +52,7 @@ import torch
 import torch.nn as nn
 
 from coolsd import batch_invariant
+from coolsd.host_reads import host_checks
 from coolsd.decoding.sampling import cfg_combine
 from coolsd.drafters.eagle import check_variant, head_logits, read_drafter_folder
 from coolsd.models.blocks import compute_dtype
@@ -387,9 +388,13 @@ class LuminaEagleDrafter:
         rel = j + torch.div(j, self.w_latent, rounding_mode="floor")  # (B, m) entry position - image token 0's
         pos = self._double(rel) + self._offset.unsqueeze(1)
 
-        # chunks end after a column that is a row end somewhere and is attended by a later new column
-        seen_later = Ac[:, :, P:].any(0).tril(-1).any(0)  # (m,) column c attended by some later column
-        ends = [c + 1 for c in range(m - 1) if bool(row_end[:, c].any()) and bool(seen_later[c])] + [m]
+        # chunks end after a column that is a row end somewhere and is attended by a later new column:
+        # which columns are attended later is the mask's (read once per mask object: a drafter's masks
+        # are made once per tree), which of those are row ends is one read (none for a tree level,
+        # whose nodes never attend each other)
+        seen = self._seen_later(attend, Ac, P, m)
+        row_ends = row_end.any(0).tolist() if any(seen) else []
+        ends = [c + 1 for c, r in enumerate(row_ends[: m - 1]) if r and seen[c]] + [m]
         caller_to_int, nl_all = self._p_int, self._p_nl
         out = torch.zeros(feats.shape[0], m, feats.shape[-1], dtype=self.head.dtype, device=dev)
         s = 0
@@ -429,10 +434,27 @@ class LuminaEagleDrafter:
                            hidden=torch.stack([out[:B], out[B:]], dim=2))
         return StepOut(logits=logits, hidden=out)
 
+    def _seen_later(self, attend: torch.Tensor, Ac: torch.Tensor, P: int, m: int) -> list[bool]:
+        """(m - 1) host bools: new column c attended by a later new column, memoised per mask
+        object (the memo holds the mask, so an id is never reused while it is there)."""
+        memo = self.__dict__.setdefault("_seen_memo", {})
+        hit = memo.get((id(attend), P, m))
+        if hit is None or hit[0] is not attend:
+            if len(memo) > 256:
+                memo.clear()
+            hit = memo[(id(attend), P, m)] = (attend, Ac[:, :, P:].any(0).tril(-1).any(0)[: m - 1].tolist())
+        return hit[1]
+
+    def _pending_count(self) -> int:
+        """Pending entries, in the caller's numbering (host-known: every forward adds its m)."""
+        return (self._alone[0] if self._alone is not None else self)._p_int.numel()
+
     @torch.no_grad()
-    def commit(self, keep: torch.Tensor, n_keep: torch.Tensor) -> None:
+    def commit(self, keep: Optional[torch.Tensor], n_keep: torch.Tensor) -> None:
         """keep: (B, K) caller pending indices; n_keep (B,). A kept row-end token's newline is
         kept right after it (as ``LuminaTarget.commit``)."""
+        if keep is None:  # the first pending entries in order: explicit indices for the newline bookkeeping
+            keep = torch.arange(self._pending_count(), device=n_keep.device).expand(n_keep.shape[0], -1)
         if self._alone is not None:
             for b, d in enumerate(self._alone):
                 d.commit(keep[b : b + 1], n_keep[b : b + 1])
@@ -442,7 +464,7 @@ class LuminaEagleDrafter:
         dev, B = self.device, self.batch_size
         keep, n_keep = keep.to(dev, torch.long), n_keep.to(dev, torch.long)
         P, K = self._p_int.numel(), keep.shape[1]
-        if bool(((n_keep < 0) | (n_keep > min(P, K))).any()):
+        if host_checks() and bool(((n_keep < 0) | (n_keep > min(P, K))).any()):
             raise ValueError(f"n_keep must lie in [0, min({P} pending, {K} keep columns)]")
         if P == 0 or K == 0:
             n = 2 * B if self.guided else B

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from coolsd import batch_invariant
+from coolsd.host_reads import host_checks
 
 
 @dataclass
@@ -82,8 +83,8 @@ class KVCache:
         self.length = torch.zeros(B, dtype=torch.long, device=self.device)
         self.hidden_slots = torch.zeros(B, self.max_len, dtype=torch.bool, device=self.device)
         self.n_pending = 0
-        self._max_committed = 0  # host copy of int(length.max()), refreshed by commit
-        self._same_length = True  # host copy of bool(length == length[0]).all()
+        self._max_committed = 0  # host upper bound of int(length.max()), advanced by commit without a read
+        self._same_length = True  # whether every sample's length is known on the host to equal the bound
 
     # ------------------------------------------------------------------ forward side
     def prepare(self, attend: torch.Tensor, m: int, valid: Optional[torch.Tensor] = None) -> CacheStep:
@@ -101,8 +102,10 @@ class KVCache:
             span = self.max_len
         else:
             span = self._max_committed + P + m
-            if span > self.max_len:
-                self._grow(span)
+            if span > self.max_len:  # the bound may exceed what is committed: grow only if the entries need it
+                span = self._true_max() + P + m
+                if span > self.max_len:
+                    self._grow(span)
         slot = torch.arange(span, device=self.device)
         rel = slot.unsqueeze(0) - self.length.unsqueeze(1)  # (B, span): pending index of slot
         committed = (rel < 0) & ~self.hidden_slots[:, :span]
@@ -161,20 +164,28 @@ class KVCache:
         self.n_pending += m
 
     # ------------------------------------------------------------------ round end
-    def commit(self, keep: torch.Tensor, n_keep: torch.Tensor, hide: Optional[torch.Tensor] = None) -> None:
+    def commit(self, keep: Optional[torch.Tensor], n_keep: torch.Tensor, hide: Optional[torch.Tensor] = None) -> None:
         """Append pending entries ``keep[b, :n_keep[b]]`` (in that order) to sample b's committed
-        region and drop all pending entries. ``hide`` (B, K) bool marks kept entries that later
-        queries must not see."""
+        region and drop all pending entries; ``keep=None``: the first ``n_keep[b]`` pending entries
+        in order (they already sit where they are committed: nothing moves). ``hide`` (B, K) bool
+        marks kept entries that later queries must not see. Reads nothing on the host: the host
+        keeps an upper bound of the longest committed length (each commit adds at most
+        min(K, pending)), which sizes the next forwards' attention span; ``n_keep`` is trusted
+        (``COOLSD_CHECKS=1`` validates it: ``coolsd.host_reads.host_checks``)."""
         B, P = self.batch_size, self.n_pending
-        keep = keep.to(self.device, torch.long)
+        K = P if keep is None else min(keep.shape[1], P)  # n_keep <= P: columns beyond P are never kept
         n_keep = n_keep.to(self.device, torch.long)
+        if host_checks() and bool(((n_keep < 0) | (n_keep > K)).any()):
+            raise ValueError(f"n_keep must lie in [0, min({P} pending, {K} keep columns)]")
+        if keep is None:
+            if hide is not None:
+                keep = torch.arange(P, device=self.device).expand(B, P)
+            else:
+                K = 0  # in place, nothing to unhide
+        else:
+            keep = keep.to(self.device, torch.long)
         if self.static:
             return self._commit_static(keep, n_keep, hide)
-        if bool(((n_keep < 0) | (n_keep > P) | (n_keep > keep.shape[1])).any()):
-            raise ValueError(f"n_keep must lie in [0, min({P} pending, {keep.shape[1]} keep columns)]")
-        K = min(keep.shape[1], P)  # n_keep <= P, so columns beyond P are never kept
-        if K > 0 and hide is None and self._keeps_in_place(keep[:, :K], n_keep):
-            K = 0  # kept entries already sit at length + j: nothing to move or unhide
         if K > 0:
             j = torch.arange(K, device=self.device)
             valid = j.unsqueeze(0) < n_keep.unsqueeze(1)  # (B, K)
@@ -190,8 +201,8 @@ class KVCache:
             self._unhide(dst, valid, hide, K)
         self.length = self.length + n_keep
         self.n_pending = 0
-        self._max_committed = int(self.length.max()) if B else 0
-        self._same_length = bool((self.length == self.length[:1]).all()) if B else True
+        self._max_committed += P if keep is None else min(keep.shape[1], P)  # host bound, no read
+        self._same_length = False  # unknown without a read: later forwards write by scatter
 
     def _unhide(self, dst: torch.Tensor, valid: torch.Tensor, hide: Optional[torch.Tensor], K: int) -> None:
         h = torch.zeros_like(valid) if hide is None else hide[:, :K].to(self.device, torch.bool)
@@ -203,7 +214,7 @@ class KVCache:
         entries always move (index_put on the buffers themselves), ``length`` is updated in place;
         ``n_keep`` is trusted (the loop computes it)."""
         P = self.n_pending
-        K = min(keep.shape[1], P)
+        K = 0 if keep is None else min(keep.shape[1], P)
         if K > 0:
             j = torch.arange(K, device=self.device)
             valid = j.unsqueeze(0) < n_keep.unsqueeze(1)  # (B, K)
@@ -217,10 +228,14 @@ class KVCache:
         self.length += n_keep
         self.n_pending = 0
 
-    def _keeps_in_place(self, keep: torch.Tensor, n_keep: torch.Tensor) -> bool:
-        """Whether keep[b, j] == j for every kept j (AR steps, accepted chain prefixes)."""
-        j = torch.arange(keep.shape[1], device=self.device)
-        return bool(((keep == j) | (j >= n_keep.unsqueeze(1))).all())
+    def _true_max(self) -> int:
+        """The longest committed length, read on the host (only when the bound would grow the
+        cache), which then tightens the bound."""
+        if self.batch_size:
+            top = self.length.max()
+            self._max_committed, same = torch.stack([top, (self.length == top).all().long()]).tolist()  # one read
+            self._same_length = bool(same)
+        return self._max_committed
 
     # ------------------------------------------------------------------ capacity
     def _grow(self, needed: int) -> None:

@@ -475,7 +475,7 @@ class LlamaGenTarget:
 
     @torch.no_grad()
     def commit(self, keep: torch.Tensor, n_keep: torch.Tensor) -> None:
-        self.cache.commit(self._double(keep), self._double(n_keep))
+        self.cache.commit(None if keep is None else self._double(keep), self._double(n_keep))
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         if self.decoder is None:

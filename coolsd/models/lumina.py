@@ -53,6 +53,7 @@ import torch
 
 from coolsd import batch_invariant
 from coolsd.decoding.sampling import cfg_combine
+from coolsd.host_reads import host_checks
 from coolsd.models.chameleon import ChameleonLM, load_chameleon
 from coolsd.models.kv_cache import KVCache
 from coolsd.protocols import StepOut
@@ -338,7 +339,7 @@ class LuminaTarget:
         attend = attend.to(dev, torch.bool)
         if attend.shape[-2:] != (m, P + m):
             raise ValueError(f"attend must be (.., {m}, {P + m}), got {tuple(attend.shape)}")
-        if bool(((tokens < 0) | (tokens >= self.vocab_size)).any()):
+        if host_checks() and bool(((tokens < 0) | (tokens >= self.vocab_size)).any()):
             raise ValueError(f"tokens must be image codes in [0, {self.vocab_size})")
         Ac = attend.expand(B, m, P + m)
         ar_m = torch.arange(m, device=dev)
@@ -385,10 +386,16 @@ class LuminaTarget:
         self._p_nl = nl_all
         return self._out(sel)
 
+    def _pending_count(self) -> int:
+        """Pending entries, in the caller's numbering (host-known: every forward adds its m)."""
+        return (self._alone[0] if self._alone is not None else self)._p_int.numel()
+
     @torch.no_grad()
-    def commit(self, keep: torch.Tensor, n_keep: torch.Tensor) -> None:
+    def commit(self, keep: Optional[torch.Tensor], n_keep: torch.Tensor) -> None:
         """keep: (B, K) caller pending indices; n_keep: (B,). The newline after a kept row-end
         token is kept right after it."""
+        if keep is None:  # the first pending entries in order: explicit indices for the newline bookkeeping
+            keep = torch.arange(self._pending_count(), device=n_keep.device).expand(n_keep.shape[0], -1)
         if self._alone is not None:
             for b, t in enumerate(self._alone):
                 t.commit(keep[b : b + 1], n_keep[b : b + 1])
@@ -398,7 +405,7 @@ class LuminaTarget:
         dev, B = self.model.device, self.batch_size
         keep, n_keep = keep.to(dev, torch.long), n_keep.to(dev, torch.long)
         P, K = self._p_int.numel(), keep.shape[1]
-        if bool(((n_keep < 0) | (n_keep > min(P, K))).any()):
+        if host_checks() and bool(((n_keep < 0) | (n_keep > min(P, K))).any()):
             raise ValueError(f"n_keep must lie in [0, min({P} pending, {K} keep columns)]")
         if P == 0 or K == 0:
             self.cache.commit(torch.zeros(2 * B if self.guided else B, 0, dtype=torch.long, device=dev),

@@ -127,10 +127,10 @@ class TabularAR:
         return StepOut(logits=logits, hidden=None)
 
     def commit(self, keep, n_keep):
-        if self._pend_len and keep.shape[1]:
+        if self._pend_len and (keep is None or keep.shape[1]):
             L = torch.stack(self._pend_len, 1)
             I = torch.stack(self._pend_idx, 1)
-            last = keep.gather(1, (n_keep - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
+            last = (n_keep - 1).clamp(min=0) if keep is None else keep.gather(1, (n_keep - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
             has = n_keep > 0
             self._tail_len = torch.where(has, L.gather(1, last.unsqueeze(1)).squeeze(1), self._tail_len)
             self._tail_idx = torch.where(has, I.gather(1, last.unsqueeze(1)).squeeze(1), self._tail_idx)

@@ -1,0 +1,89 @@
+"""Counting the host's reads of tensor values (each is a device sync on CUDA) and the tensors
+the host makes from Python data (each is a host-to-device copy on CUDA).
+
+``count_host_reads()`` patches the conversions through which Python reads a tensor's value
+(``bool``, ``int``, ``float``, ``__index__``, ``item``, ``tolist``, ``numpy``, ``cpu``) and counts
+them, with where the first few came from, and counts every tensor of one or more dimensions lifted
+from Python data (``torch.tensor(list)``, indexing with a list: ``aten.lift_fresh``; a 0-dim
+scalar is passed by value and is not counted), so a CPU run shows how many syncs and copies the
+same code makes on a GPU (the generation loop's budget: docs/gpu.md). On CUDA,
+``torch.cuda.set_sync_debug_mode`` confirms the reads independently.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import traceback
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+CHECKS_ENV = "COOLSD_CHECKS"
+
+
+def host_checks() -> bool:
+    """Whether validations that read tensor values on the host run (a caller's bad ``n_keep`` or
+    token ids): off by default, since each is a device sync every round; ``COOLSD_CHECKS=1`` turns
+    them on to debug a new adapter or drafter."""
+    return os.environ.get(CHECKS_ENV, "") == "1"
+
+
+_CONVERSIONS = ("__bool__", "__int__", "__float__", "__index__", "item", "tolist", "numpy", "cpu")
+
+
+@dataclass
+class HostReads:
+    count: int = 0
+    lifted: int = 0  # tensors (ndim >= 1) made from Python data
+    by_kind: dict = field(default_factory=dict)
+    where: list = field(default_factory=list)  # (kind, "file:line function") of the first ``keep`` reads
+    keep: int = 100_000
+
+    def _hit(self, kind: str) -> None:
+        if kind == "lift":
+            self.lifted += 1
+        else:
+            self.count += 1
+        self.by_kind[kind] = self.by_kind.get(kind, 0) + 1
+        if len(self.where) < self.keep:
+            frames = [f for f in traceback.extract_stack()[:-2]
+                      if "host_reads.py" not in f.filename and "site-packages" not in f.filename]
+            f = frames[-1] if frames else None
+            self.where.append((kind, f"{f.filename}:{f.lineno} {f.name}" if f else "?"))
+
+
+class _Lifts(TorchDispatchMode):
+    def __init__(self, reads: HostReads):
+        super().__init__()
+        self.reads = reads
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.lift_fresh.default and args and args[0].dim() >= 1:
+            self.reads._hit("lift")
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def count_host_reads():
+    """Counts every host read of a tensor's value in the block (``HostReads``). Reads inside
+    torch's own Python code count too: they sync all the same."""
+    reads = HostReads()
+    originals = {name: getattr(torch.Tensor, name) for name in _CONVERSIONS}
+
+    def patched(name, fn):
+        def wrapper(self, *args, **kwargs):
+            if not torch.compiler.is_compiling():
+                reads._hit(name)
+            return fn(self, *args, **kwargs)
+
+        return wrapper
+
+    try:
+        for name, fn in originals.items():
+            setattr(torch.Tensor, name, patched(name, fn))
+        with _Lifts(reads):
+            yield reads
+    finally:
+        for name, fn in originals.items():
+            setattr(torch.Tensor, name, fn)
