@@ -25,7 +25,7 @@ from coolsd.batch_invariant import batch_invariant
 from coolsd.compiled import compile_count
 from coolsd.config_schema import check_config, method_from_cfg
 from coolsd.generate import NonFiniteLogits
-from coolsd.errors import ConfigError
+from coolsd.errors import ConfigError, SummaryError
 from coolsd.records import RecordWriter, RunLock, claim_run_dir, resume_records
 from coolsd.shards import Shard
 from coolsd.summary import GRID_COLUMNS, summarize, write_outputs
@@ -211,6 +211,26 @@ def run_shard(world, methods: dict, prompts: list, out_dir: Path, identity: dict
     return outputs, [p for i, p in zip(positions, mine) if offset + i in kept], failures
 
 
+def summary_failed(e: Exception, out_dir: Path, records_name: str, dir_key: str) -> SummaryError:
+    """The one line for a summary that failed after generation: what failed, that the records
+    are kept, and the two ways to summarise them without generating again: ``coolsd.merge``
+    (summarises a run folder's records, one-process or sharded, without loading the target) or
+    the same job in the same folder (it resumes, finds every sample done, and summarises)."""
+    why = " ".join(str(e).split()) or "no message"
+    n = _count_lines(out_dir / records_name)
+    return SummaryError(f"summarising {out_dir} failed ({type(e).__name__}: {why[:400]}); its {n} records are kept "
+                        f"in {out_dir / records_name}: summarise them with `python -m coolsd.merge {out_dir}`, or "
+                        f"rerun the same command with {dir_key}={out_dir} (it resumes: nothing is generated again); "
+                        "COOLSD_VERBOSE=1 shows the traceback")
+
+
+def _count_lines(path: Path) -> int:
+    try:
+        return path.read_bytes().count(b"\n")
+    except OSError:
+        return 0
+
+
 def job_settings(cfg) -> tuple[Shard, int, int, bool]:
     """(shard, batch_size, threads, batch_invariant) of a job config (its ranges are
     ``coolsd.config_schema.check_config``'s, run first)."""
@@ -257,10 +277,14 @@ def run_job(cfg, out_dir: Path, world=None) -> dict:
         print(f"shard {shard.index} of {shard.count} done ({len(prompts)} prompts); when every shard is done: "
               f"python -m coolsd.merge {out_dir}")
         return {"target": world.name, "shard": shard.index, "shards": shard.count, "n_prompts": len(prompts)}
-    summary = summarize(world_cls, identity, outputs, prompts, failures)
-    if "compile" in summary and stats:
-        summary["compile"]["warmup_s"] = stats["warmup_s"]
-    lines = write_outputs(world_cls, summary, outputs, out_dir, world.reference_images(prompts[:GRID_COLUMNS]))
+    try:  # every record is durable by now: a failure from here on must not read as lost work
+        summary = summarize(world_cls, identity, outputs, prompts, failures)
+        if "compile" in summary and stats:
+            summary["compile"]["warmup_s"] = stats["warmup_s"]
+        lines = write_outputs(world_cls, summary, outputs, out_dir, world.reference_images(prompts[:GRID_COLUMNS]))
+    except Exception as e:
+        raise summary_failed(e, out_dir, shard.records_name,
+                             "out_dir" if cfg.get("out_dir") else "hydra.run.dir") from e
     logger.log_summary(summary["results"])
     for tag, (_, imgs) in outputs.items():
         if imgs is not None:

@@ -8,6 +8,10 @@ mid-write) and ignore it. One process at a time writes a record file: it holds a
 runs (or a requeued SLURM task and its predecessor) never both append; the kernel drops the lock
 when its process dies, kill -9 included, so a stale lock cannot block. ``run.json`` binds the
 folder to one configuration, its input files' content fingerprints included (``claim_run_dir``).
+
+Test aid (never set in a real run): ``$COOLSD_TEST_HOLD_FILE`` names a file; while it exists, a
+writer waits after each record it has made durable (``RecordWriter.append``), so that a test can
+kill or requeue a run at a known record count (tests/test_slurm.py) instead of racing it.
 """
 from __future__ import annotations
 
@@ -165,7 +169,20 @@ class RecordWriter:
                 raise OSError(e.errno, f"out of disk space writing to {self.dir} ({e.strerror}); free space or "
                                        "move the run folder, then run the same command again: it resumes") from e
             raise
+        _test_hold()
         return record
+
+
+TEST_HOLD_ENV = "COOLSD_TEST_HOLD_FILE"  # test aid (module docstring); unset in every real run
+
+
+def _test_hold() -> None:
+    """Test aid: wait while the file named by ``$COOLSD_TEST_HOLD_FILE`` exists (unset: return at
+    once). Called after a record is durable, so a run held here has exactly the records on disk
+    that a test counted, and a kill while it waits loses none."""
+    hold = os.environ.get(TEST_HOLD_ENV)
+    while hold and os.path.exists(hold):
+        time.sleep(0.05)
 
 
 def resume_records(run_dir: Path, name: str = "samples.jsonl") -> list[dict]:

@@ -1,10 +1,12 @@
 """``run(cfg)``: the package entry behind ``run.py`` (Hydra composes cfg; tests call this).
 
 The project's own configuration and input errors (``coolsd.errors.InputError``) reach a person as
-one or two lines and exit status 2, without a traceback (``one_line_errors``); set
-``HYDRA_FULL_ERROR=1`` or ``COOLSD_VERBOSE=1`` for the full traceback. ``CheckBeforeRun`` (a Hydra
-callback, conf/config.yaml ``hydra.callbacks``) runs the config's range checks and the output
-folder's before Hydra creates the run folder or its log, so a refused config writes nothing.
+one or two lines and exit status 2, without a traceback (``one_line_errors``), and so does a
+summary that failed after generating (``coolsd.errors.SummaryError``, exit status 3: the records
+are kept, the line says how to summarise them); set ``HYDRA_FULL_ERROR=1`` or
+``COOLSD_VERBOSE=1`` for the full traceback. ``CheckBeforeRun`` (a Hydra callback,
+conf/config.yaml ``hydra.callbacks``) runs the config's range checks and the output folder's
+before Hydra creates the run folder or its log, so a refused config writes nothing.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from coolsd.errors import InputError
+from coolsd.errors import OneLineError
 
 VERBOSE_ENV = ("HYDRA_FULL_ERROR", "COOLSD_VERBOSE")  # =1: tracebacks for the project's own errors too
 
@@ -65,16 +67,16 @@ def verbose() -> bool:
 
 @contextmanager
 def one_line_errors():
-    """An ``InputError`` inside becomes its message on stderr and exit status 2 (a traceback
-    with ``HYDRA_FULL_ERROR=1`` or ``COOLSD_VERBOSE=1``); any other exception is a bug and keeps
-    its traceback."""
+    """A ``OneLineError`` inside (``coolsd.errors``: an ``InputError``, a ``SummaryError``) becomes
+    its message on stderr and its exit status (2, 3; a traceback with ``HYDRA_FULL_ERROR=1`` or
+    ``COOLSD_VERBOSE=1``); any other exception is a bug and keeps its traceback."""
     try:
         yield
-    except InputError as e:
+    except OneLineError as e:
         if verbose():
             raise
         print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(e.exit_status) from None
 
 
 def job_config(config: DictConfig) -> DictConfig:

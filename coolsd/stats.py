@@ -17,9 +17,14 @@ picks the interval that respects where the quantity lives:
   (``scipy.stats.bootstrap``, BCa, percentile where BCa is undefined), positive by construction.
 
 Invariants: ``lo <= mean <= hi`` and [lo, hi] lies in the domain; values outside the domain are
-an error naming them. Degenerate inputs: n = 1 has no interval (no ``ci95`` / ``lo`` / ``hi`` /
-``half_width`` / ``std`` keys, ``no_ci: "n=1: no CI"``, printed as such); all-equal values
-give a zero-width interval, except 0/1 data, whose Wilson interval is never empty.
+an error naming them, except float noise: a value at most ``noise`` outside its bound (the
+domain's ``lower``, or 0 and 1 of a fraction) is that bound computed with rounding (an exact 0
+computed in float32 can come out as -8e-7) and is set to the bound before anything else
+(``clamp_to_domain``, the one place this happens). ``noise`` defaults to ``FLOAT_NOISE``; a
+quantity summed from many float32 terms passes its own (``coolsd.summary.METRIC_NOISE``).
+Degenerate inputs: n = 1 has no interval (no ``ci95`` / ``lo`` / ``hi`` / ``half_width`` /
+``std`` keys, ``no_ci: "n=1: no CI"``, printed as such); all-equal values give a zero-width
+interval, except 0/1 data, whose Wilson interval is never empty.
 """
 from __future__ import annotations
 
@@ -32,6 +37,28 @@ from scipy import stats
 REAL, POSITIVE, FRACTION = "real", "positive", "fraction"
 DOMAINS = (REAL, POSITIVE, FRACTION)
 NULL_REASON = "_null_reason"  # a summary's "<metric>_null_reason": why <metric> is null (e.g. toy_fid at small n)
+
+
+# how far outside its domain's bound a computed quantity may be and still read as the bound: a few
+# float32 roundings of an O(1) quantity (2^-24 ~ 6e-8 each) stay below 1e-6; a quantity computed in
+# float64 is far closer. A value further out is a bug, never noise, and stays an error.
+FLOAT_NOISE = 1e-6
+
+
+def clamp_to_domain(x: np.ndarray, domain: str, lower: float, noise: float, name: str) -> np.ndarray:
+    """``x`` (float64) with values within ``noise`` outside the domain's bounds set to the bound;
+    a value further out is an error naming ``name``, the bound and the value."""
+    if domain == POSITIVE:
+        if x.min() < lower - noise:
+            raise ValueError(f"{name}: a quantity >= {lower:g} has value {x.min():.6g}, more than float noise "
+                             f"({noise:g}) below it")
+        return np.maximum(x, lower)
+    if domain != FRACTION:
+        return x
+    if x.min() < -noise or x.max() > 1 + noise:
+        raise ValueError(f"{name}: a fraction in [0, 1] has values in [{x.min():.6g}, {x.max():.6g}], more than float "
+                         f"noise ({noise:g}) outside")
+    return np.clip(x, 0.0, 1.0)
 
 
 def no_ci(m: float, n: int) -> dict:
@@ -49,9 +76,11 @@ def _t(level: float, n: int) -> float:
     return float(stats.t.ppf(0.5 + level / 2, n - 1))
 
 
-def mean_ci(x, level: float = 0.95, domain: str = REAL, lower: float = 0.0, name: str = "values") -> dict:
+def mean_ci(x, level: float = 0.95, domain: str = REAL, lower: float = 0.0, name: str = "values",
+            noise: float = FLOAT_NOISE) -> dict:
     """Mean of samples (prompts / images) with the 95% interval of its ``domain`` (module
-    docstring); ``lower``: the bound of a ``POSITIVE`` quantity; ``name`` appears in errors."""
+    docstring); ``lower``: the bound of a ``POSITIVE`` quantity; ``noise``: how far outside the
+    domain a value may be from rounding alone (``clamp_to_domain``); ``name`` appears in errors."""
     x = np.asarray(x, dtype=np.float64).ravel()
     n = len(x)
     if n == 0:
@@ -60,11 +89,10 @@ def mean_ci(x, level: float = 0.95, domain: str = REAL, lower: float = 0.0, name
         raise ValueError(f"mean_ci: unknown domain {domain!r} ({name}); one of {DOMAINS}")
     if not np.isfinite(x).all():
         raise ValueError(f"{name}: {int((~np.isfinite(x)).sum())} of {n} values are not finite")
+    if not noise >= 0:
+        raise ValueError(f"mean_ci: noise must be >= 0, got {noise!r} ({name})")
+    x = clamp_to_domain(x, domain, lower, noise, name)
     m = float(x.mean())
-    if domain == POSITIVE and x.min() < lower:
-        raise ValueError(f"{name}: a quantity >= {lower} has value {x.min():.6g}")
-    if domain == FRACTION and (x.min() < 0 or x.max() > 1):
-        raise ValueError(f"{name}: a fraction in [0, 1] has values in [{x.min():.6g}, {x.max():.6g}]")
     if n < 2:
         return no_ci(m, n)
     sd = float(x.std(ddof=1))

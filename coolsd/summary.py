@@ -10,7 +10,7 @@ from typing import Optional
 
 import numpy as np
 
-from coolsd.stats import FRACTION, NULL_REASON, POSITIVE, REAL, mean_ci, ratio_ci
+from coolsd.stats import FLOAT_NOISE, FRACTION, NULL_REASON, POSITIVE, REAL, mean_ci, ratio_ci
 
 SPEEDUP_REFERENCE = "ar on the same prompts, same machine, same run (same batch size)"
 # where each summarised record quantity lives, (domain, lower bound), for its interval
@@ -23,11 +23,24 @@ METRIC_DOMAINS = {
                      "chi2_p_sampled_vs_exact"), (FRACTION, 0.0)),
 }
 
+# how far below 0 a record quantity summed over an image's tokens may come out from float32 rounding
+# alone (``coolsd.stats.clamp_to_domain`` sets it to 0; further below is an error naming the key):
+# step_kl sums T per-token KL(pi || p), each computed in float32 over the V-entry vocabulary
+# (``coolsd.decoding.distortion.kl``); a float32 softmax's mass exceeds 1 by up to ~1e-6 at
+# V = 65536 (2e-7 at V = 16384), which KL(pi || p) reads as that much below 0 per token. At pi ~ p
+# (a relaxed method near its lossless setting) the per-image sum of exact zeros was measured at
+# -2.6e-4 (V = 16384, T = 1024), -1.5e-4 (V = 8192, T = 2352), -1.5e-3 (V = 65536, T = 1024),
+# linear in T: 1e-2 covers T <= 4096 at V <= 65536 (~ -6e-3). step_tv is a sum of absolute values
+# (never below 0 in floating point); it shares the bound as the same kind of per-image sum.
+TOKEN_SUM_NOISE = 1e-2
+METRIC_NOISE = dict.fromkeys(("step_kl", "step_tv"), TOKEN_SUM_NOISE)  # every other key: stats.FLOAT_NOISE
+
 
 def metric_ci(key: str, values) -> dict:
-    """``mean_ci`` of a record quantity with the interval of its domain (``METRIC_DOMAINS``)."""
+    """``mean_ci`` of a record quantity with the interval of its domain (``METRIC_DOMAINS``) and
+    its float noise (``METRIC_NOISE``)."""
     domain, lower = METRIC_DOMAINS.get(key, (REAL, 0.0))
-    return mean_ci(values, domain=domain, lower=lower, name=key)
+    return mean_ci(values, domain=domain, lower=lower, name=key, noise=METRIC_NOISE.get(key, FLOAT_NOISE))
 
 
 def results_table(world_cls, outputs: dict, prompts: list, files: dict) -> dict:

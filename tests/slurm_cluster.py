@@ -33,6 +33,15 @@ def missing_reason() -> str | None:
     return None
 
 
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a running process (a zombie has exited: it holds no files or locks)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 def _binary(name: str) -> str:
     return shutil.which(name) or str(Path("/usr/sbin", name))
 
@@ -160,20 +169,30 @@ class SlurmCluster:
             time.sleep(0.2)
         return info
 
-    def _job_pids(self) -> list[int]:
-        """Processes of this cluster's jobs: slurmstepd gives them this cluster's ``SLURM_CONF``
-        and a ``SLURM_JOB_ID`` (the daemons and slurmctld's slurmscriptd have no job id)."""
+    def _job_environs(self) -> dict[int, list[bytes]]:
+        """{pid: environment} of this cluster's job processes: slurmstepd gives them this cluster's
+        ``SLURM_CONF`` and a ``SLURM_JOB_ID`` (the daemons and slurmctld's slurmscriptd have no job id)."""
         mark = f"SLURM_CONF={self.conf}".encode()
-        pids = []
+        out = {}
         for d in Path("/proc").iterdir():
             if d.name.isdigit() and int(d.name) != os.getpid():
                 try:
                     env = (d / "environ").read_bytes().split(b"\0")
-                    if mark in env and any(v.startswith(b"SLURM_JOB_ID=") for v in env):
-                        pids.append(int(d.name))
                 except OSError:
-                    pass
-        return pids
+                    continue
+                if mark in env and any(v.startswith(b"SLURM_JOB_ID=") for v in env) and alive(int(d.name)):
+                    out[int(d.name)] = env
+        return out
+
+    def _job_pids(self) -> list[int]:
+        """Live processes of this cluster's jobs."""
+        return sorted(self._job_environs())
+
+    def task_pids(self, array_job_id: str, task_id: int) -> list[int]:
+        """Live processes of one array task (``SLURM_ARRAY_JOB_ID`` / ``SLURM_ARRAY_TASK_ID`` in their
+        environment): what a requeue must kill before the task's successor may write."""
+        want = {f"SLURM_ARRAY_JOB_ID={array_job_id}".encode(), f"SLURM_ARRAY_TASK_ID={task_id}".encode()}
+        return sorted(pid for pid, env in self._job_environs().items() if want <= set(env))
 
     def stop(self) -> None:
         """Cancel every job, kill their leftovers and the daemons (by pid); safe to call twice."""

@@ -6,10 +6,12 @@ without root), then ``run.py -m hydra/launcher=slurm`` with two shards as a real
 * the array completes, ``python -m coolsd.merge`` merges it, and the merged records equal a
   one-process run of the same config (timings aside, as tests/test_shards.py compares them:
   batch 1 everywhere, so the same batch shapes); the console has no sacct noise;
-* ``scontrol requeue`` of one array task while it is writing its records: its successor waits
-  for the shard's record-file lock (``RunLock``, ``$COOLSD_LOCK_WAIT`` from the launcher's setup
-  lines) while a predecessor still holds it, then resumes; every (prompt, method) is in its shard
-  file exactly once and the merge equals the one-process run.
+* ``scontrol requeue`` of one array task while it is writing its records (held mid-shard by
+  ``$COOLSD_TEST_HOLD_FILE``, coolsd.records' test aid, so the requeue never races the shard's
+  end); the old writer is dead (its pid gone, its flock dropped) before anything else writes;
+  its successor waits for the shard's record-file lock (``RunLock``, ``$COOLSD_LOCK_WAIT`` from
+  the launcher's setup lines) while a predecessor still holds it, then resumes; every (prompt,
+  method) is in its shard file exactly once and the merge equals the one-process run.
 """
 import json
 import os
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_cluster import SlurmCluster, missing_reason
+from slurm_cluster import SlurmCluster, alive, missing_reason
 
 ROOT = Path(__file__).resolve().parents[1]
 N = 6  # prompts: 3 per shard, 6 records per shard file (ar + coolsd)
@@ -130,44 +132,57 @@ def test_job_array_with_a_requeued_task_resumes_without_loss_or_repeat_and_merge
     """The scale-out path end to end (one sweep, to keep the suite short): both shards run as the
     tasks of one real job array; one task is requeued mid-run while a stand-in predecessor still
     holds its record file's lock; the array completes, the console is readable and prints the
-    merge command, and the merge equals the one-process run with every record once."""
+    merge command, and the merge equals the one-process run with every record once.
+
+    Deterministic on any machine: the array runs with ``$COOLSD_TEST_HOLD_FILE`` (coolsd.records'
+    test aid), so each task stops after its first durable record until the hold file goes; the
+    requeue therefore always lands mid-shard (a toy shard otherwise finishes within KillWait), and
+    the hold goes only once the old task's writer is dead, before its successor is released."""
     from coolsd.merge import main as merge_main
-    from coolsd.records import RunLock
+    from coolsd.records import TEST_HOLD_ENV, RunLock
     from coolsd.shards import Shard
 
-    sweep, log = tmp_path / "sweep", tmp_path / "console.txt"
+    sweep, log, hold = tmp_path / "sweep", tmp_path / "console.txt", tmp_path / "hold"
     run_dir = sweep / RUN
+    hold.touch()
     with open(log, "w") as console:
-        proc = subprocess.Popen(_sweep(sweep), cwd=ROOT, env=cluster.env, stdout=console, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(_sweep(sweep), cwd=ROOT, env={**cluster.env, TEST_HOLD_ENV: str(hold)}, stdout=console,
+                                stderr=subprocess.STDOUT)
     try:
-        # 1. catch a shard mid-run: at least one record written, not all 6
+        # 1. a shard mid-run: its writer holds with at least one record on disk and not all 6
         target, deadline = None, time.monotonic() + 180
         while target is None and time.monotonic() < deadline and proc.poll() is None:
-            for k in (0, 1):
-                if 1 <= _complete_lines(run_dir / Shard(k, 2).records_name) <= 3:  # 3+ of 6 left to write
-                    target = k
-                    break
-            time.sleep(0.02)
-        assert target is not None, "no shard caught mid-run\n" + log.read_text()[-3000:]
+            target = next((k for k in (0, 1) if _complete_lines(run_dir / Shard(k, 2).records_name) >= 1), None)
+            time.sleep(0.05)
+        assert target is not None, "no shard wrote a record\n" + log.read_text()[-3000:]
+        name = Shard(target, 2).records_name
+        lock_file = run_dir / (name + ".lock")
         jid = _array_id(sweep)
         task = f"{jid}_{target}"
         submitted = (sweep / ".submitit" / task / f"{task}_submitted.pkl").read_bytes().decode("latin-1")
         assert f"shard.index={target}" in submitted  # array task k runs shard k
+        writer = json.loads(lock_file.read_text())["pid"]  # RunLock names its holder: the old task's writer
+        assert writer in cluster.task_pids(jid, target), (writer, cluster.task_pids(jid, target))
+        n_held = _complete_lines(run_dir / name)
+        assert 1 <= n_held < 6, n_held
         old = cluster.job(task)
         assert old["JobState"] == "RUNNING", old
         cluster.run("scontrol", "requeue", task)
-        # PENDING at once, while its old processes may still be writing: they get SIGTERM (which
-        # submitit ignores), SIGKILL KillWait (1 s) later
+        # PENDING at once, while its old processes still live: they get SIGTERM (which submitit
+        # ignores), SIGKILL KillWait (1 s) later
         requeued = cluster.wait_job(task, ("PENDING",), timeout=60)
         assert requeued["JobState"] == "PENDING" and requeued["Restarts"] == "1", requeued
+        t0 = time.monotonic()
+        while cluster.task_pids(jid, target) and time.monotonic() - t0 < 60:
+            time.sleep(0.1)
+        assert not alive(writer) and cluster.task_pids(jid, target) == [], "the requeued task's old processes live on"
+        assert _complete_lines(run_dir / name) == n_held  # killed while held: it wrote nothing more
+        hold.unlink()  # the other shard goes on; this one's successor will not hold
 
-        # 2. stand in for a predecessor still flushing: take the shard's lock as soon as the killed
-        # task's flock dies with it, and hold it until the requeued task is waiting for it
-        name = Shard(target, 2).records_name
-        lock_file = run_dir / (name + ".lock")
-        with RunLock(run_dir, name, wait=60):
-            n_held = _complete_lines(run_dir / name)
-            assert 1 <= n_held < 6, n_held
+        # 2. stand in for a predecessor still flushing: take the shard's lock (free: its holder is
+        # dead, the kernel dropped its flock) and hold it until the requeued task is waiting for it
+        with RunLock(run_dir, name, wait=30):
+            assert _complete_lines(run_dir / name) == n_held
             # slurmctld holds a requeued job ~2 min (Reason=BeginTime); release it at once
             cluster.run("scontrol", "update", f"JobId={task}", "StartTime=now")
             t0 = time.monotonic()
@@ -175,11 +190,13 @@ def test_job_array_with_a_requeued_task_resumes_without_loss_or_repeat_and_merge
                 time.sleep(0.1)
             waiter = _openers(lock_file)
             assert waiter, "the requeued task never reached the lock\n" + log.read_text()[-3000:]
+            assert writer not in waiter  # the successor, a new process
             time.sleep(1.5)
             assert _complete_lines(run_dir / name) == n_held  # it waits: writes nothing while another holds the lock
             assert cluster.job(task)["JobState"] == "RUNNING" and proc.poll() is None
         proc.wait(timeout=240)
     finally:
+        hold.unlink(missing_ok=True)
         if proc.poll() is None:
             proc.kill()
             proc.wait()
