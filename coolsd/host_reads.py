@@ -65,9 +65,10 @@ class _Lifts(TorchDispatchMode):
 
 
 @contextlib.contextmanager
-def count_host_reads():
+def count_host_reads(lifts: bool = True):
     """Counts every host read of a tensor's value in the block (``HostReads``). Reads inside
-    torch's own Python code count too: they sync all the same."""
+    torch's own Python code count too: they sync all the same. ``lifts``: also count tensors made
+    from Python data (a dispatch mode, which compiled code refuses to run under: False there)."""
     reads = HostReads()
     originals = {name: getattr(torch.Tensor, name) for name in _CONVERSIONS}
 
@@ -82,7 +83,7 @@ def count_host_reads():
     try:
         for name, fn in originals.items():
             setattr(torch.Tensor, name, patched(name, fn))
-        with _Lifts(reads):
+        with _Lifts(reads) if lifts else contextlib.nullcontext():
             yield reads
     finally:
         for name, fn in originals.items():

@@ -93,13 +93,13 @@ def test_compiled_generation_equals_eager_fp64_and_compiles_once(name):
     assert torch.equal(eager.tokens, compiled.tokens)
     assert eager.round_lengths == compiled.round_lengths
     n = compile_count()
-    with count_host_reads() as reads:
+    with count_host_reads(lifts=False) as reads:
         again = generate(True)  # new target and drafter objects, same shapes: no new graph
     assert compile_count() == n
     assert torch.equal(again.tokens, eager.tokens)
     # the compiled path's sync budget (docs/gpu.md): one host read a round, plus a run's fixed set-up and end
     rounds = max(len(r) for r in again.round_lengths)
-    assert reads.count <= rounds + 6 and reads.lifted <= 6, (rounds, reads.count, reads.lifted, reads.by_kind)
+    assert reads.count <= rounds + 6, (rounds, reads.count, reads.by_kind)
 
 
 def test_job_counts_compilations_after_warmup(tmp_path, world_overrides):

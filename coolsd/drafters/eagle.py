@@ -354,8 +354,10 @@ class EagleDrafter:
 
     # -------------------------------------------------------------- cache
     def _ensure_cache(self, halves: int, prefix: int = 0) -> None:
-        """The cache for ``halves`` x batch rows; static (compile) caches hold a ``prefix`` of text
-        slots, every image token and ``STATIC_HEADROOM`` pending entries."""
+        """The cache for ``halves`` x batch rows, sized to the sequence's known maximum: a ``prefix``
+        of text slots, every image token and ``STATIC_HEADROOM`` pending entries (rounded up to 8
+        for a static, compiled cache, to 64 otherwise), or ``cache_len`` slots when given; an eager
+        decode then never grows it. A reused cache keeps its buffers (``KVCache.reset``)."""
         if self.halves == halves:
             return
         if self.halves is not None:
@@ -365,12 +367,15 @@ class EagleDrafter:
         n = self.batch_size * halves
         cfg = self.head.config
         shape = (cfg.num_hidden_layers, n, cfg.num_attention_heads, cfg.head_dim, self.head.dtype, self.head.device)
-        max_len = self.cache_len
+        need = prefix + cfg.block_size + STATIC_HEADROOM
         if self.compiled:
-            max_len = -(-(prefix + cfg.block_size + STATIC_HEADROOM) // 8) * 8
-        if self.cache is not None and self.cache.matches(*shape) and (max_len is None or self.cache.max_len == max_len):
+            max_len = -(-need // 8) * 8
+        else:
+            max_len = self.cache_len or -(-need // 64) * 64
+        if self.cache is not None and self.cache.matches(*shape) and self.cache.fits(max_len):
             self.cache.reset()
         else:
+            self.cache = None  # the old cache's last reference: freed before the new one is allocated (peak: one cache)
             self.cache = self.head.new_cache(n, max_len, static=self.compiled)
         self.halves = halves
 

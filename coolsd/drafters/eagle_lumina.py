@@ -302,6 +302,7 @@ class LuminaEagleDrafter:
             # every sample computed as alone, bit for bit (coolsd.batch_invariant): the chunks and
             # newline slots of a shared forward depend on the other samples' row ends
             self.batch_size = batch_size
+            self.cache = None  # freed before the per-sample caches are allocated
             self._alone = [LuminaEagleDrafter(self.head, self.lm_head_weight, self.rows, h_latent=self.h_latent,
                                               w_latent=self.w_latent, cfg_scale=self.cfg_scale, tokens=self.tokens,
                                               cache_headroom=self.cache_headroom) for _ in range(batch_size)]
@@ -340,10 +341,12 @@ class LuminaEagleDrafter:
     def _new_cache(self, n: int, prefix: int) -> KVCache:
         c, h = self.head.config, self.head
         shape = (c.num_hidden_layers, n, c.num_attention_heads, c.head_dim, h.dtype, h.device)
-        if self.cache is not None and self.cache.matches(*shape):
+        # the sequence's known maximum (as ``LuminaTarget._new_cache``): a decode never grows the cache
+        need = prefix + self.n_image_tokens + self.h_latent + self.cache_headroom
+        if self.cache is not None and self.cache.matches(*shape) and self.cache.fits(need):
             self.cache.reset()
             return self.cache
-        need = prefix + self.n_image_tokens + self.h_latent + self.cache_headroom
+        self.cache = None  # the old cache's last reference: freed before the new one is allocated (peak: one cache)
         return KVCache(c.num_hidden_layers, n, c.num_attention_heads, c.head_dim, -(-need // 64) * 64, h.dtype, h.device)
 
     def _mask(self, Ac: torch.Tensor, caller_to_int: torch.Tensor, nl_prev: torch.Tensor, total: int) -> torch.Tensor:

@@ -78,10 +78,22 @@ class KVCache:
             and self.device == torch.device(device)
         )
 
+    def fits(self, max_len: int) -> bool:
+        """Whether the buffers hold ``max_len`` slots: a static cache exactly (its compiled graphs
+        are specialised to the buffer shape), a dynamic one at least."""
+        return self.max_len == max_len if self.static else self.max_len >= max_len
+
     def reset(self) -> None:
+        """Empty the cache for a new sequence. Every tensor keeps its storage (``length`` and
+        ``hidden_slots`` are zeroed in place), so a reused cache keeps every buffer's address
+        across images: graphs captured over them (CUDA graphs, ``coolsd.compiled``) stay valid."""
         B = self.batch_size
-        self.length = torch.zeros(B, dtype=torch.long, device=self.device)
-        self.hidden_slots = torch.zeros(B, self.max_len, dtype=torch.bool, device=self.device)
+        if getattr(self, "length", None) is not None:
+            self.length.zero_()
+            self.hidden_slots.zero_()
+        else:
+            self.length = torch.zeros(B, dtype=torch.long, device=self.device)
+            self.hidden_slots = torch.zeros(B, self.max_len, dtype=torch.bool, device=self.device)
         self.n_pending = 0
         self._max_committed = 0  # host upper bound of int(length.max()), advanced by commit without a read
         self._same_length = True  # whether every sample's length is known on the host to equal the bound
@@ -199,7 +211,7 @@ class KVCache:
                 old = torch.gather(buf, 2, dst_i)
                 buf.scatter_(2, dst_i, torch.where(valid[:, None, :, None], moved, old))
             self._unhide(dst, valid, hide, K)
-        self.length = self.length + n_keep
+        self.length += n_keep  # in place: the address stays put (see ``reset``)
         self.n_pending = 0
         self._max_committed += P if keep is None else min(keep.shape[1], P)  # host bound, no read
         self._same_length = False  # unknown without a read: later forwards write by scatter
@@ -239,15 +251,21 @@ class KVCache:
 
     # ------------------------------------------------------------------ capacity
     def _grow(self, needed: int) -> None:
-        """Reallocate every buffer to hold ``needed`` slots (rounded up to a multiple of 64)."""
+        """Reallocate every buffer to hold ``needed`` slots (rounded up to a multiple of 64), one
+        buffer at a time: each list entry is replaced (and its old tensor released) before the
+        next is allocated, so the transient peak is the cache plus one layer's new buffer, not two
+        caches. Owners size their caches to the sequence's known maximum, so this is a fallback."""
         new_len = -(-needed // 64) * 64
-        extra = new_len - self.max_len
+        old_len = self.max_len
+        for bufs in (self.k, self.v):
+            for i in range(len(bufs)):
+                bufs[i] = self._padded(bufs[i], old_len, new_len)  # the old buffer's last reference goes here
+        hidden = torch.zeros(self.batch_size, new_len, dtype=torch.bool, device=self.device)
+        hidden[:, :old_len] = self.hidden_slots  # slots beyond the old end are free: not hidden
+        self.hidden_slots = hidden
 
-        def pad(t: torch.Tensor) -> torch.Tensor:
-            z = torch.zeros(*t.shape[:2], extra, *t.shape[3:], dtype=t.dtype, device=t.device)
-            return torch.cat([t, z], dim=2)
-
-        self.k = [pad(t) for t in self.k]
-        self.v = [pad(t) for t in self.v]
-        free = torch.zeros(self.batch_size, extra, dtype=torch.bool, device=self.device)
-        self.hidden_slots = torch.cat([self.hidden_slots, free], dim=1)
+    @staticmethod
+    def _padded(t: torch.Tensor, old_len: int, new_len: int) -> torch.Tensor:
+        out = t.new_zeros(*t.shape[:2], new_len, *t.shape[3:])
+        out[:, :, :old_len] = t
+        return out

@@ -400,10 +400,11 @@ class LlamaGenTarget:
     def _new_cache(self, n: int) -> KVCache:
         cfg, m = self.model.config, self.model
         shape = (cfg.n_layer, n, cfg.n_head, cfg.head_dim, m.dtype, m.device)
-        if self.cache is not None and self.cache.matches(*shape):
+        max_len = -(-(cfg.cls_token_num + cfg.block_size + self.cache_headroom) // 8) * 8
+        if self.cache is not None and self.cache.matches(*shape) and self.cache.fits(max_len):
             self.cache.reset()
             return self.cache
-        max_len = -(-(cfg.cls_token_num + cfg.block_size + self.cache_headroom) // 8) * 8
+        self.cache = None  # the old cache's last reference: freed before the new one is allocated (peak: one cache)
         return KVCache(cfg.n_layer, n, cfg.n_head, cfg.head_dim, max_len, m.dtype, m.device, static=self.compiled)
 
     def _halves(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -235,10 +235,13 @@ class LuminaTarget:
     def _new_cache(self, n: int, prefix_len: int) -> KVCache:
         cfg, m = self.model.config, self.model
         shape = (cfg.num_layers, n, cfg.num_heads, cfg.head_dim, m.dtype, m.device)
-        if self.cache is not None and self.cache.matches(*shape):
+        # the sequence's known maximum: prefix, every image token, a newline per row and the pending
+        # entries of a round (cache_headroom), so a decode never grows the cache
+        need = prefix_len + self.n_image_tokens + self.h_latent + self.cache_headroom
+        if self.cache is not None and self.cache.matches(*shape) and self.cache.fits(need):
             self.cache.reset()
             return self.cache
-        need = prefix_len + self.n_image_tokens + self.h_latent + self.cache_headroom
+        self.cache = None  # the old cache's last reference: freed before the new one is allocated (peak: one cache)
         return KVCache(cfg.num_layers, n, cfg.num_heads, cfg.head_dim, -(-need // 64) * 64, m.dtype, m.device)
 
     def _reset_pending(self) -> None:
@@ -303,6 +306,7 @@ class LuminaTarget:
         """``begin`` under ``coolsd.batch_invariant`` for B > 1: every sample runs in its own batch-1
         target over the same model (the newline slots of a shared forward exist wherever ANY sample
         has a row end, so a sample's attention spans, hence its last bits, would depend on the others)."""
+        self.cache = None  # freed before the per-sample caches are allocated
         self._alone = [LuminaTarget(self.model, self.vocab, h_latent=self.h_latent, w_latent=self.w_latent,
                                     cfg_scale=self.cfg_scale, tokens=self.tokens, cache_headroom=self.cache_headroom,
                                     prefill_features=self.prefill_features) for _ in prompts]
