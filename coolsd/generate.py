@@ -21,6 +21,7 @@ from coolsd.compiled import compiled_for
 from coolsd.decoding.verify import verify_tree
 from coolsd.drafting import RoundInfo, SamplingConfig
 from coolsd.protocols import ARModel
+from coolsd.timing import IntervalTimer
 
 
 @dataclass
@@ -31,7 +32,9 @@ class GenerationResult:
     draft_forwards: int  # drafter forwards for the whole batch
     seconds: float  # wall time of the loop (prefill included, decoding to pixels excluded)
     first_from_prefill: bool = True
-    extra: dict = field(default_factory=dict)  # "signal_s": eager time spent on the quality signals (in seconds)
+    # "signal_s": the eager loop's time on the quality signals (seconds, device-timed: CUDA events),
+    # inside ``seconds``; absent for compiled rounds (their signals are fused into the round)
+    extra: dict = field(default_factory=dict)
     # (B, N) per emitted token: TV and KL of the distribution it was emitted from to the target's
     # (coolsd.decoding.distortion, docs/distortion.md); 0 for tokens drawn from p (AR, bonus, lossless
     # rules), NaN for trees with siblings (no closed form)
@@ -337,10 +340,15 @@ class _DeferredSignals:
         self.dist, self.tree, self.rule, self.sampling = dist, tree, rule, sampling
         self.big = None  # (logits, p, q) buffers, each (rounds, B, n+1, V)
         self.small: list[tuple] = []  # per round: path, n_accepted, vals, max_depth, where, write
-        self.seconds = 0.0  # wall time spent here (host clock; eager code runs synchronously on the CPU)
+        self.timer = IntervalTimer(dist.device)  # the device's time spent here (events on CUDA: no sync)
+
+    @property
+    def seconds(self) -> float:
+        """Time spent on the signals (after the loop's final sync on CUDA)."""
+        return self.timer.seconds()
 
     def add(self, logits, p, q, path, n_accepted, vals, max_depth, where, write) -> None:
-        t0 = time.perf_counter()
+        self.timer.start()
         if self.big is None:
             limit = self.cpu_max_elements if p.device.type == "cpu" else self.max_elements
             rounds = max(1, min(self.max_rounds, limit // p.numel()))
@@ -349,16 +357,16 @@ class _DeferredSignals:
         for buf, x in zip(self.big, (logits, p, q)):
             buf[i].copy_(x)
         self.small.append((path, n_accepted, vals, max_depth, where, write))
-        self.seconds += time.perf_counter() - t0
+        self.timer.stop()
         if len(self.small) == self.big[0].shape[0]:
             self.flush()
 
     def flush(self) -> None:
         if not self.small:
             return
-        t0 = time.perf_counter()
+        self.timer.start()
         self._flush()
-        self.seconds += time.perf_counter() - t0
+        self.timer.stop()
 
     def _flush(self) -> None:
         R = len(self.small)

@@ -3,6 +3,7 @@ its queued work, so that asynchronous CUDA launches are not mistaken for finishe
 from __future__ import annotations
 
 import functools
+import time
 from typing import Callable
 
 import torch
@@ -17,6 +18,39 @@ def device_sync(device) -> Callable[[], None]:
     if device.type == "mps":
         return torch.mps.synchronize
     return lambda: None
+
+
+class IntervalTimer:
+    """Sums the time of bracketed stretches of work on ``device`` without syncing inside the loop
+    (METHODS.md 6): on CUDA each stretch is a pair of timing events recorded on the current stream,
+    read by ``seconds()`` once the caller has synchronised (the loop's end); on the CPU (synchronous)
+    the host clock. Work timed this way is the device's, not the host's launch time."""
+
+    def __init__(self, device):
+        self.cuda = torch.device(device).type == "cuda"
+        self._host = 0.0
+        self._events: list = []
+        self._t0 = None
+
+    def start(self) -> None:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self._t0 = ev
+        else:
+            self._t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self._events.append((self._t0, ev))
+        else:
+            self._host += time.perf_counter() - self._t0
+
+    def seconds(self) -> float:
+        """The stretches' total (on CUDA: call after the device finished them)."""
+        return self._host + sum(a.elapsed_time(b) for a, b in self._events) / 1e3
 
 
 @functools.lru_cache(maxsize=1)

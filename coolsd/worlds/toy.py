@@ -18,7 +18,7 @@ import torch
 from coolsd.drafters.eagle import EagleDrafter, load_eagle_head
 from coolsd.drafting import SamplingConfig
 from coolsd.models.llamagen import LlamaGenTarget
-from coolsd.worlds.base import SIGNAL_COLUMNS, SPEED_COLUMNS, Column, DiscreteWorld, draft_kind
+from coolsd.worlds.base import DISCRETE_SPEED_COLUMNS, SIGNAL_COLUMNS, Column, DiscreteWorld, draft_kind
 
 DRAFTS = ("shipped", "self", "eagle")
 TOY_COLUMNS = (Column("toy_clip", "toy_clip"), Column("toy_fid", "toy_fid", 1))
@@ -61,7 +61,7 @@ def toy_reference(prompts: list) -> Optional[np.ndarray]:
 
 
 class ToyWorld(DiscreteWorld):
-    columns = SPEED_COLUMNS + SIGNAL_COLUMNS + TOY_COLUMNS
+    columns = DISCRETE_SPEED_COLUMNS + SIGNAL_COLUMNS + TOY_COLUMNS
     paper_metrics = TOY_PAPER_METRICS
     quality_reads_images = True
 
