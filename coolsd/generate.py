@@ -133,40 +133,36 @@ def _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_
     sync()
     t0 = time.perf_counter()
     prefill = target.begin(cond, B)
-    forwards = torch.ones(B, dtype=torch.long) if prefill is not None else torch.zeros(B, dtype=torch.long)
-    out = torch.zeros(B, n_tokens, dtype=torch.long)
-    n_out = torch.zeros(B, dtype=torch.long)
+    compiled = getattr(target, "compiled", False)
+    # the round's in-place state: buf (tokens, then a dump column), dist (per-token signals, channels
+    # TOKEN_SIGNALS), n_out, t_len (committed target entries after the condition), forwards, root
+    ws = _workspace(target, compiled, B, n_tokens + tree.max_depth + 2, distortion)
+    buf, dist, n_out, t_len, forwards, root, log = (ws[k] for k in ("buf", "dist", "n_out", "t_len", "forwards",
+                                                                     "root", "log"))
+    forwards.fill_(1 if prefill is not None else 0)
     if bos_token is None:
         if prefill is None:
             raise ValueError("a target without a condition needs bos_token")
         _check_finite(prefill.logits[:, -1:], n_out, torch.ones(B, dtype=torch.bool))
         u0 = rng.uniform(1)[:, 0]
         p0 = sampling.probs(prefill.logits[:, -1:])  # (B, 1, V): the first token's distribution
-        root = sample_inverse_cdf(p0[:, 0], u0)
-        out[:, 0] = root
+        root.copy_(sample_inverse_cdf(p0[:, 0], u0))
+        buf[:, 0] = root
         n_out += 1
     else:
-        root = torch.full((B,), int(bos_token), dtype=torch.long)
+        root.fill_(int(bos_token))
     n_out0 = 0 if bos_token is not None else 1
     if drafter is not None:
-        drafter.begin(cond, B, root, prefill)
-    compiled = getattr(target, "compiled", False)
+        drafter.begin(cond, B, root.clone(), prefill)
     round_fn = compiled_for(target, "round", verify_round) if compiled else verify_round
-    root = root.clone()  # advanced in place by the round
-    buf = torch.zeros(B, n_tokens + tree.max_depth + 2, dtype=torch.long)
-    buf[:, : out.shape[1]] = out
-    # per-token signals, channels TOKEN_SIGNALS; the first token comes from p (no distortion, on the
-    # support, depth 0); NaN throughout if not asked for
-    dist = torch.full((B, len(TOKEN_SIGNALS), buf.shape[1]), 0.0 if distortion else float("nan"), dtype=torch.float64)
+    # the first token comes from p (no distortion, on the support, depth 0); NaN throughout if not asked for
     if distortion and bos_token is None:  # the first token's NLL and its expectation (drawn from p), from the prefill
         logp0 = target_log_probs(prefill.logits[:, -1:], sampling)
-        dist[:, NLL, 0] = -logp0[:, 0].gather(1, out[:, :1])[:, 0].to(dist.dtype)
+        dist[:, NLL, 0] = -logp0[:, 0].gather(1, buf[:, :1])[:, 0].to(dist.dtype)
         dist[:, XNLL, 0] = expected_nll(p0, logp0)[:, 0].to(dist.dtype)
     # compiled rounds write their signals in the round (static shapes); eager rounds keep the
     # round's inputs and compute them for many rounds at once (_DeferredSignals): same function
     sink = (dist if compiled else _DeferredSignals(dist, tree, rule, sampling)) if distortion else None
-    round_log: list[torch.Tensor] = []
-    t_len = torch.zeros(B, dtype=torch.long)  # committed target entries after the condition
     n1 = tree.n_nodes + 1
     more = n_out0 < n_tokens  # host-known: every sample starts with the same count
     rounds = 0
@@ -188,7 +184,7 @@ def _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_
         hidden, p, path, n_accepted, emitted, logged, status = round_fn(
             target, tokens, t_len, tree, q, rule or _NO_RULE, u_accept, u_emit, max_depth, remaining, active, sampling,
             buf, n_out, root, forwards, sink)
-        round_log.append(logged)
+        log[:, rounds].copy_(logged)  # a copy: no graph output is kept across replays (CUDA graphs)
         if drafter is not None:
             drafter.observe(RoundInfo(tokens, path, n_accepted, emitted, p, hidden))
         # the round's one host read (in compiled mode; eager drafting and verification add early exits)
@@ -202,13 +198,12 @@ def _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_
     sync()
     seconds = time.perf_counter() - t0
     extra = {"signal_s": sink.seconds} if isinstance(sink, _DeferredSignals) else {}
-    out = buf[:, :n_tokens]
-    dist = dist[:, :, :n_tokens]
-    log = torch.stack(round_log, 1).tolist() if round_log else [[] for _ in range(B)]
-    rounds = [[n for n in row if n >= 0] for row in log]
+    out = buf[:, :n_tokens].clone()  # copies: the workspace is the next image's
+    dist = dist[:, :, :n_tokens].clone()
+    round_lengths = [[n for n in row if n >= 0] for row in log[:, :rounds].tolist()]
     return GenerationResult(
         tokens=out,
-        round_lengths=rounds,
+        round_lengths=round_lengths,
         target_forwards=forwards.tolist(),
         draft_forwards=getattr(drafter, "forwards", 0),
         seconds=seconds,
@@ -221,6 +216,31 @@ def _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_
         token_off_support=dist[:, OFF],
         token_depth=dist[:, DEPTH],
     )
+
+
+def _workspace(target, compiled: bool, B: int, width: int, distortion: bool) -> dict:
+    """The loop's state tensors, reset. Compiled loops keep them on the target, one set per (batch,
+    width, signals), marked static: the compiled round mutates them in place, and CUDA graphs
+    (``reduce-overhead``) capture a graph only if every input it mutates has a static address;
+    reused across images, the addresses never change. Eager loops allocate them per call."""
+    key = (B, width, distortion)
+    cache = target.__dict__.setdefault("_loop_workspaces", {}) if compiled else {}
+    if key not in cache:
+        long = lambda *shape: torch.zeros(*shape, dtype=torch.long)  # noqa: E731
+        cache[key] = ws = {"buf": long(B, width), "dist": torch.zeros(B, len(TOKEN_SIGNALS), width, dtype=torch.float64),
+                           "n_out": long(B), "t_len": long(B), "forwards": long(B), "root": long(B),
+                           "log": long(B, width)}
+        if compiled:
+            from torch._dynamo import mark_static_address
+
+            for t in ws.values():
+                mark_static_address(t)
+    ws = cache[key]
+    for k in ("buf", "n_out", "t_len", "forwards", "root"):
+        ws[k].zero_()
+    ws["dist"].fill_(0.0 if distortion else float("nan"))
+    ws["log"].fill_(-1)
+    return ws
 
 
 TOKEN_SIGNALS = ("tv", "kl", "nll", "nll_expected", "off_support", "depth")  # the loop's per-token channels

@@ -131,3 +131,44 @@ def test_compile_refused_before_loading(tmp_path, extra, message):
     cfg = factories.compose("compile=true", *extra)
     with pytest.raises(ValueError, match=message):
         run_job(cfg, tmp_path / "run")
+
+
+@torch.no_grad()
+def test_every_input_a_compiled_graph_mutates_has_a_static_address(monkeypatch):
+    """CUDA graphs (``reduce-overhead``) capture a graph only if every input it mutates is static
+    (a parameter, a buffer, or marked with ``torch._dynamo.mark_static_address``), else torch
+    skips them ("mutated inputs"). Read from the compiled graphs' metadata on the CPU: the round
+    (KV cache, the loop's buffers) and the drafter's expansion (its own cache), after an image
+    decoded with the same buffers before (addresses reused across images)."""
+    import inspect
+
+    import torch._dynamo
+    from torch._inductor import config as inductor_config
+    from torch._inductor import output_code
+
+    graphs = []
+    init = output_code.CompiledFxGraph.__init__
+    names = list(inspect.signature(init).parameters)[1:]
+
+    def spy(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        bound = {**dict(zip(names, args)), **kwargs}
+        graphs.append((set(self.mutated_input_idxs), set(bound["static_input_idxs"] or ()),
+                       [getattr(n, "name", str(n)) for n in self.mutated_inputs]))
+
+    monkeypatch.setattr(output_code.CompiledFxGraph, "__init__", spy)
+    monkeypatch.setattr(inductor_config, "fx_graph_cache", False)  # compile here, not from the disk cache
+    torch._dynamo.reset()
+    gpt = factories.engine_model(1)
+    head = EagleHead.from_target(gpt, seed=3)
+    cond = factories.engine_cond([3, 8])
+    method = build_method("eagle", **METHODS["eagle"])
+    target = LlamaGenTarget(gpt, cfg_scale=3.0, compile=True)
+    drafter = build_drafter(method, EagleDrafter.for_target(head, target, compile=True), SamplingConfig(),
+                            target.vocab_size)
+    for seeds in ([5, 6], [7, 8]):  # the second image reuses the first one's buffers
+        speculative_generate(target, target.n_image_tokens, PerSampleRNG(seeds), rule=method.rule, drafter=drafter,
+                             tree=method.tree, sampling=SamplingConfig(), cond=cond, batch_size=2)
+    assert graphs, "nothing was compiled"
+    bad = [(sorted(m - s), names) for m, s, names in graphs if m - s]
+    assert not bad, f"compiled graphs mutate inputs without a static address: {bad}"

@@ -63,6 +63,11 @@ class KVCache:
         self.dtype = dtype
         self.static = static
         self.reset()
+        if static:  # compiled graphs mutate these in place: static addresses, so CUDA graphs capture them
+            from torch._dynamo import mark_static_address
+
+            for t in (*self.k, *self.v, self.length, self.hidden_slots):
+                mark_static_address(t)
 
     @property
     def max_len(self) -> int:
