@@ -3,7 +3,9 @@ the host makes from Python data (each is a host-to-device copy on CUDA).
 
 ``count_host_reads()`` patches the conversions through which Python reads a tensor's value
 (``bool``, ``int``, ``float``, ``__index__``, ``item``, ``tolist``, ``numpy``, ``cpu``) and counts
-them, with where the first few came from, and counts every tensor of one or more dimensions lifted
+them, the ops whose output shape depends on tensor values (``nonzero``, boolean-mask indexing,
+``masked_select``, ``unique``: the host waits for them too), with where the first few came from,
+and counts every tensor of one or more dimensions lifted
 from Python data (``torch.tensor(list)``, indexing with a list: ``aten.lift_fresh``; a 0-dim
 scalar is passed by value and is not counted), so a CPU run shows how many syncs and copies the
 same code makes on a GPU (the generation loop's budget: docs/gpu.md). On CUDA,
@@ -53,14 +55,23 @@ class HostReads:
             self.where.append((kind, f"{f.filename}:{f.lineno} {f.name}" if f else "?"))
 
 
+_aten = torch.ops.aten
+# ops whose output shape depends on tensor values: the host must wait for them (a sync on CUDA)
+_DATA_DEPENDENT = {_aten.nonzero.default, _aten.masked_select.default, _aten._unique2.default,
+                   _aten.unique_dim.default, _aten.unique_consecutive.default}
+
+
 class _Lifts(TorchDispatchMode):
     def __init__(self, reads: HostReads):
         super().__init__()
         self.reads = reads
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten.lift_fresh.default and args and args[0].dim() >= 1:
+        if func is _aten.lift_fresh.default and args and args[0].dim() >= 1:
             self.reads._hit("lift")
+        elif func in _DATA_DEPENDENT or (func is _aten.index.Tensor and any(
+                isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in args[1] if i is not None)):
+            self.reads._hit(func.__name__)  # boolean-mask indexing runs a nonzero
         return func(*args, **(kwargs or {}))
 
 

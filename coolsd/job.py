@@ -32,7 +32,7 @@ from coolsd.summary import GRID_COLUMNS, summarize, write_outputs
 from coolsd.timing import hardware_name
 from coolsd.worlds import load_world, world_class
 
-TIMING_KEYS = ("latency_s", "decode_s", "hardware")  # differ between processes and machines (a sample's own numbers)
+TIMING_KEYS = ("latency_s", "signal_s", "decode_s", "hardware")  # differ between processes and machines (a sample's own numbers)
 
 
 def prompt_seed(run_seed: int, index: int) -> int:

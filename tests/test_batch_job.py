@@ -13,7 +13,7 @@ from PIL import Image
 
 from coolsd.runner import run
 
-TIMING = ("latency_s", "decode_s", "hardware", "batch_size", "draft_forwards")  # draft_forwards: counted per batch
+TIMING = ("latency_s", "signal_s", "decode_s", "hardware", "batch_size", "draft_forwards")  # draft_forwards: counted per batch
 
 
 @pytest.mark.parametrize("method", ["coolsd", "lantern_pp", "sjd"])

@@ -13,7 +13,7 @@ from coolsd.runner import run
 from coolsd.shards import Shard
 from factories import compose as _compose
 
-TIMING = ("latency_s", "decode_s")
+TIMING = ("latency_s", "signal_s", "decode_s")
 
 
 def _strip(records):

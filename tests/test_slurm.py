@@ -26,7 +26,7 @@ from slurm_cluster import SlurmCluster, alive, missing_reason
 
 ROOT = Path(__file__).resolve().parents[1]
 N = 6  # prompts: 3 per shard, 6 records per shard file (ar + coolsd)
-TIMING = ("latency_s", "decode_s")
+TIMING = ("latency_s", "signal_s", "decode_s")
 RUN = f"coolsd_dataset.n_prompts={N},method=coolsd"  # the run folder (swept values, never the shard)
 
 

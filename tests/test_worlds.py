@@ -32,9 +32,10 @@ RUNS = {
     "mar_l": (["method=cspd", "method.gamma=4", "method.mode=exact", "method.verify=prefix"], 3),
     "tabular": (["method=coolsd", "target.n_samples=500"], 3),
 }
-TIMING = ("latency_s", "decode_s", "hardware", "batch_size", "draft_forwards")  # draft_forwards: per batch
+TIMING = ("latency_s", "signal_s", "decode_s", "hardware", "batch_size", "draft_forwards")  # draft_forwards: per batch
 # summary fields measured in seconds (they differ between any two runs)
-TIMED = ("latency_s", "decode_s", "images_per_s", "speedup", "speedup_per_accepted_length")
+TIMED = ("latency_s", "signal_s", "decode_s", "images_per_s", "speedup", "speedup_per_accepted_length",
+         "speedup_without_signals")
 
 
 def test_every_registered_world_has_its_conf_and_every_conf_a_world():

@@ -347,7 +347,8 @@ class LuminaEagleDrafter:
             self.cache.reset()
             return self.cache
         self.cache = None  # the old cache's last reference: freed before the new one is allocated (peak: one cache)
-        return KVCache(c.num_hidden_layers, n, c.num_attention_heads, c.head_dim, -(-need // 64) * 64, h.dtype, h.device)
+        return KVCache(c.num_hidden_layers, n, c.num_attention_heads, c.head_dim, -(-need // 64) * 64, h.dtype, h.device,
+                       max_committed=need - self.cache_headroom)
 
     def _mask(self, Ac: torch.Tensor, caller_to_int: torch.Tensor, nl_prev: torch.Tensor, total: int) -> torch.Tensor:
         """(B, r, total) bool over cache pending entries for r rows whose caller-column visibility

@@ -54,6 +54,7 @@ class KVCache:
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
         static: bool = False,
+        max_committed: Optional[int] = None,
     ):
         shape = (batch_size, n_heads, max_len, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
@@ -62,6 +63,9 @@ class KVCache:
         self.device = torch.device(device)
         self.dtype = dtype
         self.static = static
+        # the most entries a sample ever commits, where the owner knows it (its prefix and every image
+        # token): caps the host's bound of the committed length, so a cache sized for it never reads it
+        self.cap = max_committed
         self.reset()
         if static:  # compiled graphs mutate these in place: static addresses, so CUDA graphs capture them
             from torch._dynamo import mark_static_address
@@ -219,6 +223,8 @@ class KVCache:
         self.length += n_keep  # in place: the address stays put (see ``reset``)
         self.n_pending = 0
         self._max_committed += P if keep is None else min(keep.shape[1], P)  # host bound, no read
+        if self.cap is not None:
+            self._max_committed = min(self._max_committed, self.cap)
         self._same_length = False  # unknown without a read: later forwards write by scatter
 
     def _unhide(self, dst: torch.Tensor, valid: torch.Tensor, hide: Optional[torch.Tensor], K: int) -> None:

@@ -405,7 +405,8 @@ class LlamaGenTarget:
             self.cache.reset()
             return self.cache
         self.cache = None  # the old cache's last reference: freed before the new one is allocated (peak: one cache)
-        return KVCache(cfg.n_layer, n, cfg.n_head, cfg.head_dim, max_len, m.dtype, m.device, static=self.compiled)
+        return KVCache(cfg.n_layer, n, cfg.n_head, cfg.head_dim, max_len, m.dtype, m.device, static=self.compiled,
+                       max_committed=cfg.cls_token_num + cfg.block_size)
 
     def _halves(self, hidden: torch.Tensor) -> torch.Tensor:
         """(2B, m, H) -> (B, m, 2, H) = [cond, uncond] when guided: EAGLE drafters run their own CFG."""

@@ -242,7 +242,8 @@ class LuminaTarget:
             self.cache.reset()
             return self.cache
         self.cache = None  # the old cache's last reference: freed before the new one is allocated (peak: one cache)
-        return KVCache(cfg.num_layers, n, cfg.num_heads, cfg.head_dim, -(-need // 64) * 64, m.dtype, m.device)
+        return KVCache(cfg.num_layers, n, cfg.num_heads, cfg.head_dim, -(-need // 64) * 64, m.dtype, m.device,
+                       max_committed=need - self.cache_headroom)
 
     def _reset_pending(self) -> None:
         dev = self.model.device
