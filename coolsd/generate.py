@@ -110,7 +110,7 @@ def speculative_generate(
 
     The loop's state lives on the target's device (``target.device``; the CPU if it has none):
     on another device the loop runs under ``torch.device(...)`` (factory calls allocate there),
-    with the tree and the uniforms moved there. Untested on a GPU so far.
+    with the tree and the rule moved there and the uniforms computed there. Untested on a GPU so far.
     """
     dev = torch.device(getattr(target, "device", "cpu"))
     rng = rng.on(dev)  # counter-based streams computed on the target's device (coolsd.decoding.rng)

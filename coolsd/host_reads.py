@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import traceback
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -40,7 +40,7 @@ class HostReads:
     lifted: int = 0  # tensors (ndim >= 1) made from Python data
     by_kind: dict = field(default_factory=dict)
     where: list = field(default_factory=list)  # (kind, "file:line function") of the first ``keep`` reads
-    keep: int = 100_000
+    keep: int = 4096
 
     def _hit(self, kind: str) -> None:
         if kind == "lift":
@@ -49,10 +49,10 @@ class HostReads:
             self.count += 1
         self.by_kind[kind] = self.by_kind.get(kind, 0) + 1
         if len(self.where) < self.keep:
-            frames = [f for f in traceback.extract_stack()[:-2]
-                      if "host_reads.py" not in f.filename and "site-packages" not in f.filename]
-            f = frames[-1] if frames else None
-            self.where.append((kind, f"{f.filename}:{f.lineno} {f.name}" if f else "?"))
+            f = sys._getframe(2)  # the caller's innermost frame outside this module and torch's own code
+            while f is not None and ("host_reads.py" in f.f_code.co_filename or "site-packages" in f.f_code.co_filename):
+                f = f.f_back
+            self.where.append((kind, f"{f.f_code.co_filename}:{f.f_lineno} {f.f_code.co_name}" if f else "?"))
 
 
 _aten = torch.ops.aten

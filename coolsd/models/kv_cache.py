@@ -195,6 +195,7 @@ class KVCache:
         (``COOLSD_CHECKS=1`` validates it: ``coolsd.host_reads.host_checks``)."""
         B, P = self.batch_size, self.n_pending
         K = P if keep is None else min(keep.shape[1], P)  # n_keep <= P: columns beyond P are never kept
+        added = K  # the most entries any sample commits now: the host bound's step
         n_keep = n_keep.to(self.device, torch.long)
         if host_checks() and bool(((n_keep < 0) | (n_keep > K)).any()):
             raise ValueError(f"n_keep must lie in [0, min({P} pending, {K} keep columns)]")
@@ -222,7 +223,7 @@ class KVCache:
             self._unhide(dst, valid, hide, K)
         self.length += n_keep  # in place: the address stays put (see ``reset``)
         self.n_pending = 0
-        self._max_committed += P if keep is None else min(keep.shape[1], P)  # host bound, no read
+        self._max_committed += added  # host bound, no read
         if self.cap is not None:
             self._max_committed = min(self._max_committed, self.cap)
         self._same_length = False  # unknown without a read: later forwards write by scatter
