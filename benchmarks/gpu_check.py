@@ -87,16 +87,6 @@ def discrete_methods() -> list[str]:
     return [n for n in method_names("discrete") if not n.startswith("_")]
 
 
-# runs known to exceed the eager sync budget, with why (docs/gpu.md): reported, not failed, and
-# checked to still exceed it (a fix shows up as a failure asking to remove the entry)
-KNOWN_OVER_BUDGET = {"lumina": "Lumina's EAGLE drafter reads its row ends on the host each forward (newline slots)"}
-
-
-def known_over_budget(tname: str, row: dict):
-    """The reason a run is known to exceed the eager budget (a drafter model on a listed target), or None."""
-    return KNOWN_OVER_BUDGET.get(tname) if row.get("drafter") == "model" else None
-
-
 # ------------------------------------------------------------------------------------------ targets
 @dataclasses.dataclass
 class Discrete:
@@ -400,14 +390,7 @@ def check_row(ck: Check, tname: str, row: dict) -> None:
     if dr < MIN_EXTRA_ROUNDS:
         ck.fail(f"{tag}: only {dr} extra rounds between the counted runs (raise --count-tokens)")
         return
-    known = known_over_budget(tname, row)
-    over = row["host_reads"] > EAGER_READS * dr + OCCASIONAL_READS
-    if known:
-        row["known_over_budget"] = known
-        if not over:
-            ck.fail(f"{tag}: now within the sync budget: remove it from KNOWN_OVER_BUDGET")
-        return
-    if over:
+    if row["host_reads"] > EAGER_READS * dr + OCCASIONAL_READS:
         ck.fail(f"{tag}: {row['host_reads']} host reads in {dr} rounds (budget {EAGER_READS}/round + "
                 f"{OCCASIONAL_READS} occasional; where: the JSON's reads_where)")
     if row["lifted"] > 0:

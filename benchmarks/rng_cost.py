@@ -43,14 +43,20 @@ METHODS = {  # tag: (method, params)
 
 
 class TimedRNG(PerSampleRNG):
-    """PerSampleRNG whose draws are timed (refills of the pool included)."""
+    """PerSampleRNG whose draws are timed (refills of the pool and random-access draws included)."""
 
     seconds = 0.0
     calls = 0
 
     def uniform(self, *shape: int) -> torch.Tensor:
+        return self._timed(super().uniform, *shape)
+
+    def indexed(self, keys, index, count) -> torch.Tensor:
+        return self._timed(super().indexed, keys, index, count)
+
+    def _timed(self, draw, *args) -> torch.Tensor:
         t0 = time.perf_counter()
-        u = super().uniform(*shape)
+        u = draw(*args)
         self.seconds += time.perf_counter() - t0
         self.calls += 1
         return u

@@ -16,6 +16,7 @@ import torch
 from coolsd.compiled import compile_step, compiling
 from coolsd.decoding.sampling import normalize, sample_inverse_cdf, sample_without_replacement, warp_probs
 from coolsd.decoding.trees import Tree, pac_tree
+from coolsd.host_reads import host_checks
 from coolsd.protocols import ARModel, StepOut
 
 
@@ -83,7 +84,10 @@ class ModelDrafter:
         self.compiled = bool(getattr(model, "compiled", False))
         self._expand_fn = compile_step(self._expand, getattr(model, "device", "cpu")) if self.compiled else self._expand
 
-    def begin(self, cond: Any, batch_size: int, first_token: torch.Tensor, target_out: Optional[StepOut]):
+    def begin(self, cond: Any, batch_size: int, first_token: torch.Tensor, target_out: Optional[StepOut],
+              n_tokens: Optional[int] = None):
+        """A new batch: the condition, its first token and the target's prefill; ``n_tokens``: the
+        tokens each sample will emit in all (None: not known)."""
         self.model.begin(cond, batch_size, context=target_out)
         self.ctx_tokens = first_token.unsqueeze(1)
         feat = None if target_out is None or target_out.hidden is None else target_out.hidden[:, -1:]
@@ -94,10 +98,13 @@ class ModelDrafter:
     def depth_cap(self, n_out: torch.Tensor) -> Optional[torch.Tensor]:
         return None
 
-    def propose(self, tree: Tree, rng, max_depth: torch.Tensor, depth_bound: Optional[int] = None):
+    def propose(self, tree: Tree, rng, max_depth: torch.Tensor, depth_bound: Optional[int] = None,
+                emitted: Optional[list] = None):
         """The round's tree: (tokens (B, n+1), q (B, n+1, V)); nodes deeper than ``max_depth``
         (B,) are not verified, so eager drafting stops at ``depth_bound``, the loop's host-known
-        upper bound of ``max_depth.max()`` (None: read it, one host read)."""
+        upper bound of ``max_depth.max()`` (None: read it, one host read). ``emitted``: each
+        sample's tokens so far, host-known from the loop's round read (None: not known); a drafter
+        may use it to plan its work without a read."""
         # a fixed number of uniforms per sample and round, whatever the batch needs: one per
         # (expanded node, child rank)
         u = rng.uniform(max(len(tree.expanded_nodes), 1), max(tree.max_children, 1))
@@ -200,7 +207,9 @@ class JacobiDrafter:
     p: the sample is still distributed as p, and equals d as often as possible). ``"gumbel"``:
     every position keeps one Gumbel noise vector g from when it enters the window until it is
     emitted, and each of its samples is argmax(log p + g) (its top-up draft argmax of g over the
-    token range: uniform, q one-hot).
+    token range: uniform, q one-hot). g is a function of (the sample's key, the image position):
+    ``indexed_uniforms``, so it can be computed ahead (``_window_noise``) and is the same when
+    recomputed.
 
     Lossless either way (the lab's chi-square tests decide): a position that is still a draft has
     never been verified (a verified draft is accepted or replaced by the emitted token), so the
@@ -241,16 +250,21 @@ class JacobiDrafter:
         self.init, self.width = init, grid_width
         self.forwards = 0
 
-    def begin(self, cond, batch_size, first_token, target_out):
+    def begin(self, cond, batch_size, first_token, target_out, n_tokens: Optional[int] = None):
         self.root = first_token
+        self.n_tokens = n_tokens
         self.carry_tokens = torch.zeros(batch_size, self.n, dtype=torch.long)
         self.carry_q = None
-        self.carry_g = None  # gumbel: (B, n, V) the noise of the carried positions
+        self.noise_keys = None  # gumbel: (B,) each sample's key for its positions' noise (first propose)
+        self._noise = None  # gumbel: (B, H, V) noise of positions _noise_start.. (_window_noise)
+        self._noise_start = torch.full((batch_size,), -(1 << 40), dtype=torch.long)  # none computed yet
+        self._host_start = [-(1 << 40)] * batch_size
         self.carry_count = torch.zeros(batch_size, dtype=torch.long)
         # spatial inits: image positions. The root is image token 0 when the target was prefilled
         # (the loop draws it from the prefill), a BOS (no position) when it was not.
         self.n_out = torch.full((batch_size,), 0 if target_out is None else 1, dtype=torch.long)
         self._n_out_bound = 0 if target_out is None else 1  # host upper bound of n_out.max()
+        self._n_out0, self._emitted0 = self._n_out_bound, None  # n_out's start, and the loop's counts then
         # emitted tokens by position (vertical_repeat), the root first when it is image token 0
         self.history = torch.zeros(batch_size, 0, dtype=torch.long) if target_out is None else first_token.view(-1, 1).clone()
         self.root_q = None  # sample_horizon: the distribution the root was emitted from (None: one-hot)
@@ -261,19 +275,19 @@ class JacobiDrafter:
         lo, hi = self.active
         return torch.where((n_out >= lo) & (n_out < hi), self.n, 0)
 
-    def propose(self, tree: Tree, rng, max_depth: torch.Tensor, depth_bound: Optional[int] = None):
+    def propose(self, tree: Tree, rng, max_depth: torch.Tensor, depth_bound: Optional[int] = None,
+                emitted: Optional[list] = None):
         B, n = self.carry_tokens.shape[0], self.n
-        # row 0: random top-ups, row 1: next iteration's target samples, row 2 (maximal): keep tests
-        u = rng.uniform(3 if self.coupling == "maximal" else 2, n)
-        self._u_next = u[:, 1]
+        # row 0: random top-ups, row 1: next iteration's target samples, row 2 (maximal): keep
+        # tests; gumbel takes the first two from its noise (and has no keep test)
+        u = rng.uniform(3 if self.coupling == "maximal" else 2, n) if self.coupling != "gumbel" else None
+        self._u_next = u[:, 1] if u is not None else None
         self._u_keep = u[:, 2] if self.coupling == "maximal" else None
         slot = torch.arange(n).unsqueeze(0)
         carried = slot < self.carry_count.unsqueeze(1)
-        if self.coupling == "gumbel":  # fresh noise for every slot and the position after the window
-            fresh = _gumbel(rng.uniform(n + 1, self.V))  # (B, n+1, V)
-            g = fresh[:, :n] if self.carry_g is None else torch.where(carried.unsqueeze(-1), self.carry_g, fresh[:, :n])
-            self._g = torch.cat([g, fresh[:, n:]], 1)  # (B, n+1, V): depths 1..n+1
-            rand = self.lo + g[..., self.lo : self.hi].argmax(-1)  # uniform on the range
+        if self.coupling == "gumbel":  # (B, n+1, V): the noise of depths 1..n+1
+            self._g = self._window_noise(rng, emitted)
+            rand = self.lo + self._g[:, :n, self.lo : self.hi].argmax(-1)  # uniform on the range
         else:
             rand = (self.lo + (u[:, 0] * (self.hi - self.lo)).long()).clamp(max=self.hi - 1)
         if self.init != "random":
@@ -286,6 +300,50 @@ class JacobiDrafter:
         q = torch.cat([torch.zeros(B, 1, self.V, dtype=q.dtype), q], dim=1)
         self._drafts, self._q = drafts, q
         return tokens, q
+
+    NOISE_WINDOWS = 4  # gumbel: noise is computed for this many windows' positions at a time
+
+    def _window_noise(self, rng, emitted: Optional[list]) -> torch.Tensor:
+        """(B, n+1, V) Gumbel noise of the window's positions: slot s (depth s+1) holds image
+        position n_out + s, its noise -log(-log u), u = indexed_uniforms(key, position). Computed
+        ahead for ``NOISE_WINDOWS`` windows' positions per sample (a table of H rows, B x H x V
+        float64; positions past the image's ``n_tokens`` are never drafted into an accepted
+        token and are left 0), recomputed for a sample when its window leaves its table: each
+        position's noise is computed about once, in few large calls. Which samples need it, and
+        how many rows, is known on the host from ``emitted`` (the loop's round read), so there is
+        no read; with ``emitted=None`` the window is computed directly (the same values)."""
+        B, n, V = self.carry_tokens.shape[0], self.n, self.V
+        if self.noise_keys is None:
+            self.noise_keys = rng.keys()
+        slots = torch.arange(n + 1)
+        if emitted is None:
+            rows = torch.arange(B).repeat_interleave(n + 1)
+            u = rng.indexed(self.noise_keys[rows], (self.n_out.unsqueeze(1) + slots).flatten(), V)
+            return _gumbel(u).view(B, n + 1, V)
+        H = self.NOISE_WINDOWS * (n + 1)
+        if self._emitted0 is None:
+            self._emitted0 = list(emitted)
+        pos = [self._n_out0 + e - e0 for e, e0 in zip(emitted, self._emitted0)]  # = self.n_out, on the host
+        need = [b for b in range(B) if pos[b] + n + 1 > self._host_start[b] + H]
+        if self._noise is None:
+            self._noise = torch.zeros(B, H, V, dtype=torch.float64)
+        if need:  # the same samples on the device (no read): their rows first, in a static shape
+            stale = self.n_out + n + 1 > self._noise_start + H
+            who = torch.argsort((~stale).to(torch.int8), stable=True)[: len(need)]
+            end = self.n_tokens if self.n_tokens is not None else 1 << 40
+            count = torch.clamp(end - self.n_out[who], 0, H)  # rows of each (host: the same numbers)
+            N = sum(min(max(end - pos[b], 0), H) for b in need)
+            sample = torch.repeat_interleave(who, count, output_size=N)
+            first = torch.repeat_interleave(torch.cumsum(count, 0) - count, count, output_size=N)
+            row = torch.arange(N) - first  # row of the sample's table, position n_out + row
+            self._noise[who] = 0.0
+            self._noise[sample, row] = _gumbel(rng.indexed(self.noise_keys[sample], self.n_out[sample] + row, V))
+            self._noise_start[who] = self.n_out[who]
+            for b in need:
+                self._host_start[b] = pos[b]
+        if host_checks():
+            assert self.n_out.tolist() == pos, "the drafter's positions disagree with the loop's counts"
+        return _gather_nodes(self._noise, (self.n_out - self._noise_start).unsqueeze(1) + slots)
 
     def _spatial_topups(self, carried: torch.Tensor, rand: torch.Tensor) -> torch.Tensor:
         """(B, n) top-up tokens of the spatial inits (the class docstring); slot k (depth k+1) holds
@@ -342,17 +400,21 @@ class JacobiDrafter:
         self.carry_count = n - info.n_accepted
         self.carry_tokens = torch.gather(y, 1, idx)
         self.carry_q = _gather_nodes(p, idx)
-        if self.coupling == "gumbel":  # the noise of node idx's position (depth idx + 2: _g index idx + 1)
-            self.carry_g = _gather_nodes(self._g, idx + 1)
+        self._advance(info)
+
+    def _advance(self, info: RoundInfo) -> None:
+        """The window moves on past the tokens the round emitted (its accepted drafts, then the
+        emitted token), rooted at the emitted one."""
+        new = info.n_accepted + (info.emitted >= 0).long()
         if self.init != "random":
-            self._record(info)
+            self._record(info, new)
+        self.n_out = self.n_out + new
         self.root = info.emitted.clamp(min=0)
 
-    def _record(self, info: RoundInfo) -> None:
-        """Positions (and, for vertical_repeat, the tokens) the round emitted: its accepted drafts,
-        then the emitted token; the root's distribution for sample_horizon."""
+    def _record(self, info: RoundInfo, new: torch.Tensor) -> None:
+        """The tokens (vertical_repeat) the round emitted at positions n_out.. (``new`` of them: its
+        accepted drafts, then the emitted token); the root's distribution for sample_horizon."""
         B = info.n_accepted.shape[0]
-        new = info.n_accepted + (info.emitted >= 0).long()
         if self.init == "vertical_repeat":
             D = info.path.shape[1]
             vals = torch.cat([info.tokens.gather(1, info.path.clamp(min=0)), torch.zeros(B, 1, dtype=torch.long)], 1)
@@ -372,7 +434,6 @@ class JacobiDrafter:
         if self.init == "sample_horizon":  # the emitting node's p (the node after the accepted path)
             node = torch.where(info.n_accepted > 0, info.path.gather(1, (info.n_accepted - 1).clamp(min=0).unsqueeze(1))[:, 0], 0)
             self.root_q = _gather_nodes(info.target_probs, node.unsqueeze(1))[:, 0]
-        self.n_out = self.n_out + new
 
 
 class PACDrafter(JacobiDrafter):
@@ -436,8 +497,8 @@ class PACDrafter(JacobiDrafter):
                     table[a, e] = a
         return table
 
-    def begin(self, cond, batch_size, first_token, target_out):
-        super().begin(cond, batch_size, first_token, target_out)
+    def begin(self, cond, batch_size, first_token, target_out, n_tokens: Optional[int] = None):
+        super().begin(cond, batch_size, first_token, target_out, n_tokens)
         # the tree's index tables follow the loop's device (made on the CPU at construction)
         dev = first_token.device
         self.node_depth, self.node_rank = self.node_depth.to(dev), self.node_rank.to(dev)
@@ -445,8 +506,9 @@ class PACDrafter(JacobiDrafter):
         self.sib = torch.zeros(batch_size, self.S, max(self.K - 1, 0), dtype=torch.long, device=dev)
         self.sib_q = None  # (B, S, K-1, V); None: no siblings yet (the first window)
 
-    def propose(self, tree: Tree, rng, max_depth: torch.Tensor, depth_bound: Optional[int] = None):
-        chain_tokens, chain_q = super().propose(tree, rng, max_depth)  # (B, n+1), (B, n+1, V) by depth
+    def propose(self, tree: Tree, rng, max_depth: torch.Tensor, depth_bound: Optional[int] = None,
+                emitted: Optional[list] = None):
+        chain_tokens, chain_q = super().propose(tree, rng, max_depth, emitted=emitted)  # (B, n+1), (B, n+1, V) by depth
         self._u_sib = rng.uniform(self.S, self.K - 1) if self.S and self.K > 1 else None
         tokens = chain_tokens[:, self.node_depth]
         q = chain_q[:, self.node_depth]
@@ -483,9 +545,7 @@ class PACDrafter(JacobiDrafter):
             toks, cond = sample_without_replacement(base, self._u_sib, self.K - 1)
             carried = (torch.arange(S).unsqueeze(0) < self.carry_count.unsqueeze(1)).view(B, S, 1, 1)
             self.sib, self.sib_q = toks, torch.where(carried, cond, 0.0)
-        if self.init != "random":
-            self._record(info)
-        self.root = info.emitted.clamp(min=0)
+        self._advance(info)
 
     @staticmethod
     def _sibling_base(p: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:

@@ -153,7 +153,7 @@ def _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_
         root.fill_(int(bos_token))
     n_out0 = 0 if bos_token is not None else 1
     if drafter is not None:
-        drafter.begin(cond, B, root.clone(), prefill)
+        drafter.begin(cond, B, root.clone(), prefill, n_tokens=n_tokens)
     round_fn = compiled_for(target, "round", verify_round) if compiled else verify_round
     # the first token comes from p (no distortion, on the support, depth 0); NaN throughout if not asked for
     if distortion and bos_token is None:  # the first token's NLL and its expectation (drawn from p), from the prefill
@@ -166,6 +166,7 @@ def _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_
     n1 = tree.n_nodes + 1
     more = n_out0 < n_tokens  # host-known: every sample starts with the same count
     rounds = 0
+    emitted = [n_out0] * B  # each sample's tokens so far, host-known (from the last round's read)
     while more:
         active = n_out < n_tokens
         remaining = n_tokens - n_out
@@ -178,7 +179,7 @@ def _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_
         u_emit = rng.uniform(1)[:, 0]
         if drafter is not None:  # every active sample emits >= 1 token a round: a host bound of max_depth.max()
             depth_bound = max(0, min(tree.max_depth, n_tokens - n_out0 - rounds))
-            tokens, q = drafter.propose(tree, rng, max_depth, depth_bound=depth_bound)
+            tokens, q = drafter.propose(tree, rng, max_depth, depth_bound=depth_bound, emitted=emitted)
         else:
             tokens, q = root.unsqueeze(1).clone(), None  # root itself advances in place
         hidden, p, path, n_accepted, emitted, logged, status = round_fn(
@@ -188,7 +189,7 @@ def _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_
         if drafter is not None:
             drafter.observe(RoundInfo(tokens, path, n_accepted, emitted, p, hidden))
         # the round's one host read (in compiled mode; eager drafting and verification add early exits)
-        failed, more = status.tolist()
+        failed, more, *emitted = status.tolist()
         rounds += 1
         if failed:
             b = int(logged.eq(-2).nonzero()[0, 0])
@@ -285,8 +286,8 @@ def verify_round(target, tokens, t_len, tree: Tree, q, rule: Rule, u_accept, u_e
     token appended to ``buf`` at each sample's ``n_out`` (and their distortion to ``dist``),
     ``n_out``, ``t_len``, ``root`` and ``forwards`` advanced. Nothing here reads the host. Returns (hidden, p, path, n_accepted,
     emitted, logged, status): ``logged`` (B,) the tokens each sample emitted this round (-1 if
-    it was done, -2 if its logits were not finite; then nothing else is valid), ``status`` (2,)
-    = [any sample failed, any sample still needs tokens]."""
+    it was done, -2 if its logits were not finite; then nothing else is valid), ``status`` (2 + B,)
+    = [any sample failed, any sample still needs tokens, each sample's tokens so far]."""
     B = tokens.shape[0]
     n_tokens = buf.shape[1] - tree.max_depth - 2  # buf's last columns are a dump for writes past the end
     positions = t_len.unsqueeze(1) + tree.depth.unsqueeze(0)
@@ -322,7 +323,7 @@ def verify_round(target, tokens, t_len, tree: Tree, q, rule: Rule, u_accept, u_e
     logged = torch.where(bad, -2, torch.where(active, n_new, -1))
     n_out += torch.where(bad, 0, n_new)
     root.copy_(torch.where(v.emitted >= 0, v.emitted, root))
-    status = torch.stack([bad.any(), (n_out < n_tokens).any()])
+    status = torch.cat([torch.stack([bad.any(), (n_out < n_tokens).any()]).long(), n_out])
     return step.hidden, p, v.path, v.n_accepted, v.emitted, logged, status
 
 

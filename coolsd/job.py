@@ -29,10 +29,11 @@ from coolsd.errors import ConfigError, SummaryError
 from coolsd.records import RecordWriter, RunLock, claim_run_dir, resume_records
 from coolsd.shards import Shard
 from coolsd.summary import GRID_COLUMNS, summarize, write_outputs
-from coolsd.timing import hardware_name
+from coolsd.timing import hardware_name, peak_memory_gib, reset_peak_memory
 from coolsd.worlds import load_world, world_class
 
-TIMING_KEYS = ("latency_s", "signal_s", "decode_s", "hardware")  # differ between processes and machines (a sample's own numbers)
+# differ between processes and machines (a sample's own numbers)
+TIMING_KEYS = ("latency_s", "signal_s", "decode_s", "hardware", "peak_memory_gib")
 
 
 def prompt_seed(run_seed: int, index: int) -> int:
@@ -72,12 +73,17 @@ def generate_records(world, method, prompts: list, idxs: list[int], seeds: list[
     """A batch of prompts -> [(record, uint8 image or None)]. ``latency_s`` is the batch's wall
     time (what each of its images waited); ``batch_size`` says which batch. Under ``compile=true`` the
     batch's first record counts the graphs compiled while generating it (``compilations``; 0 after
-    a complete warm-up)."""
+    a complete warm-up). On CUDA every record carries ``peak_memory_gib``, the most device memory
+    tensors held while its batch generated (``coolsd.timing.peak_memory_gib``, reset just before
+    the batch; outside its ``latency_s``); elsewhere the field is absent."""
     n0 = compile_count()
+    reset_peak_memory(world.device)
     samples = world.generate(method, prompts, seeds)
+    peak = peak_memory_gib(world.device)
     B, hw = len(seeds), hardware_name(world.device)
     return [({**record_head(p, idx, seed, tag, method), **s.fields, "hardware": hw,
               **({"batch_size": B} if B > 1 else {}),
+              **({"peak_memory_gib": peak} if peak is not None else {}),
               **({"compilations": compile_count() - n0 if k == 0 else 0} if world.compiled else {})}, s.image)
             for k, (s, p, idx, seed) in enumerate(zip(samples, prompts, idxs, seeds))]
 

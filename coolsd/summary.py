@@ -57,6 +57,9 @@ def results_table(world_cls, outputs: dict, prompts: list, files: dict) -> dict:
                 e[key] = metric_ci(key, vals)
         if "ar" in outputs:
             e.update(paired_differences(world_cls.paired_metrics, outputs["ar"][0], rows))
+        peak = _peak_memory(rows)
+        if peak is not None:  # CUDA runs: the most device memory any of this method's batches held
+            e["peak_memory_gib"] = peak
         if world_cls.makes_images:  # throughput at the run's batch size: images per second of generation
             e["images_per_s"] = metric_ci("images_per_s", [r.get("batch_size", 1) / r["latency_s"] for r in rows])
         if "ar" in outputs and "latency_s" in rows[0]:
@@ -105,8 +108,19 @@ def resolution(entry: dict) -> dict:
     return out
 
 
+def _peak_memory(rows: list) -> Optional[float]:
+    """The largest ``peak_memory_gib`` of the records (each its batch's peak device memory, CUDA
+    only), None where no record has one (CPU runs, records of older runs): the peak over the
+    run's generation, since every batch's window starts at the memory already held."""
+    vals = [r["peak_memory_gib"] for r in rows if r.get("peak_memory_gib") is not None]
+    return max(vals) if vals else None
+
+
 def summarize(world_cls, identity: dict, outputs: dict, prompts: list, failures: dict) -> dict:
-    """The summary.json of a run: its identity's settings, where it ran, and ``results_table``."""
+    """The summary.json of a run: its identity's settings, where it ran (``peak_memory_gib``: the
+    peak device memory of its generation on CUDA, ``torch.cuda.max_memory_allocated`` in GiB over
+    the records' batches, warm-up excluded; null on the CPU), and ``results_table`` (each method's
+    own ``peak_memory_gib`` on CUDA)."""
     rows = [r for recs, _ in outputs.values() for r in recs]
     hardware = sorted({r["hardware"] for r in rows if "hardware" in r})
     methods = identity["methods"]
@@ -114,6 +128,7 @@ def summarize(world_cls, identity: dict, outputs: dict, prompts: list, failures:
             **({"method": methods[identity["method"]]} if identity.get("method") in methods else {}),
             "methods": methods, "n_prompts": len(prompts), **identity["settings"], "device": identity["device"],
             "hardware": hardware[0] if len(hardware) == 1 else hardware, "threads": identity["threads"],
+            "peak_memory_gib": _peak_memory(rows),
             "batch_size": identity.get("batch_size", 1),
             **({"batch_invariant": True} if identity.get("batch_invariant") else {}),
             "speedup_reference": SPEEDUP_REFERENCE, "failures": failures,
@@ -222,6 +237,11 @@ def write_outputs(world_cls, summary: dict, outputs: dict, out_dir: Path, refere
         c = summary["compile"]
         lines.append(f"compile=true: {c['graphs_compiled_after_warmup']} graphs compiled after the warm-up (goal 0)"
                      + (f"; warm-up {c['warmup_s']:.1f} s, excluded from latency" if "warmup_s" in c else ""))
+    if summary.get("peak_memory_gib") is not None:
+        per = ", ".join(f"{t} {e['peak_memory_gib']:.2f}" for t, e in summary["results"].items()
+                        if "peak_memory_gib" in e)
+        lines.append(f"peak device memory over generation: {summary['peak_memory_gib']:.2f} GiB"
+                     + (f" ({per})" if per else ""))
     lines.append(f"wrote {out_dir}/{wrote}")
     if world_cls.next_step:
         lines[-1] += "; " + world_cls.next_step.format(out_dir=out_dir)

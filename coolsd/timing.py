@@ -68,6 +68,25 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def reset_peak_memory(device) -> None:
+    """Start a peak-memory window on ``device``: ``torch.cuda.reset_peak_memory_stats(device)`` on
+    CUDA, nothing elsewhere (a host-side reset of the caching allocator's counters: no sync)."""
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_gib(device) -> float | None:
+    """The most memory tensors held on ``device`` since ``reset_peak_memory`` (or since the process
+    started), in GiB: ``torch.cuda.max_memory_allocated(device) / 2**30`` on CUDA (the caching
+    allocator's counter, read on the host: no sync); None elsewhere (the CPU has no such counter,
+    and no number is made up)."""
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return None
+
+
 def hardware_name(device) -> str:
     """What measured a latency: the GPU's name on CUDA, else the CPU model."""
     device = torch.device(device)

@@ -150,7 +150,7 @@ def test_drafter_context_tree_and_commit_match_the_full_sequence_reference(cfg_s
     d = LuminaEagleDrafter.for_target(head, t)
     assert d.vocab_size == 16  # codes only: structural tokens are never drafted
     d.begin(PROMPTS, 2, context=pre)
-    # verified context crossing the row end at token 3 in ONE forward (runs in chunks), keep 5 of 6
+    # verified context crossing the row end at token 3 in ONE forward (runs in passes), keep 5 of 6
     ctx = d.forward(codes[:, :6], torch.arange(6).expand(2, 6), torch.ones(6, 6, dtype=torch.bool).tril(), feats[:, :6])
     d.commit(torch.arange(6).expand(2, 6), torch.tensor([5, 5]))
     ref = [reference_node_logits(model, head, PROMPTS[b], codes[b], cfg_scale) for b in range(2)]
@@ -173,6 +173,32 @@ def test_drafter_context_tree_and_commit_match_the_full_sequence_reference(cfg_s
             alt[7] = sib[b, r]
             assert torch.allclose(lvl.logits[b, r], reference_node_logits(model, head, PROMPTS[b], alt, cfg_scale)[7],
                                   atol=TOL)
+
+
+def test_a_context_over_two_row_ends_in_one_forward_matches_the_reference(monkeypatch):
+    """Six verified tokens j = 3..8 in one forward: j = 8 attends the row ends 3 and 7, so its
+    output needs the newline of 7, whose input needs the newline of 3 (three passes). Positions
+    that do not step by one along the chain are refused under COOLSD_CHECKS=1."""
+    model = make_lm()
+    head = make_head(model).double()
+    codes = torch.randint(0, 16, (2, N), generator=torch.Generator().manual_seed(5))
+    t = target(model, 3.0, prefill_features="all")
+    pre = t.begin(PROMPTS, 2)
+    tout = t.forward(codes[:, :9], torch.arange(9).expand(2, 9), torch.ones(9, 9, dtype=torch.bool).tril())
+    feats = torch.cat([pre.hidden[:, -1:], tout.hidden[:, :8]], 1)
+    d = LuminaEagleDrafter.for_target(head, t)
+    d.begin(PROMPTS, 2, context=pre)
+    causal = torch.ones(6, 6, dtype=torch.bool).tril()
+    d.forward(codes[:, :3], torch.arange(3).expand(2, 3), causal[:3, :3], feats[:, :3])
+    d.commit(None, torch.tensor([3, 3]))
+    ctx = d.forward(codes[:, 3:9], torch.arange(3, 9).expand(2, 6), causal, feats[:, 3:9])
+    for b in range(2):
+        assert torch.allclose(ctx.logits[b], reference_node_logits(model, head, PROMPTS[b], codes[b], 3.0)[3:9],
+                              atol=TOL)
+    d.commit(torch.zeros(2, 0, dtype=torch.long), torch.zeros(2, dtype=torch.long))
+    monkeypatch.setenv("COOLSD_CHECKS", "1")
+    with pytest.raises(ValueError, match="step by one"):  # j = 8 would attend row ends 3 and 7 in a 3-chain
+        d.forward(codes[:, 3:6], torch.tensor([3, 7, 8]).expand(2, 3), causal[:3, :3], feats[:, 3:6])
 
 
 @pytest.mark.parametrize("tree", ["mc_sim_7b_63", "chain"])
@@ -271,8 +297,8 @@ def test_strict_loading_errors_and_variant_record(tmp_path):
 
 
 def test_batch_invariant_mode_gives_each_sample_its_alone_tokens():
-    """Under coolsd.batch_invariant the target and the drafter run each sample alone (their shared
-    newline slots depend on the other samples' row ends): tokens, round lengths and the target's
+    """Under coolsd.batch_invariant the target and the drafter run each sample alone (the target's
+    shared newline slots depend on the other samples' row ends): tokens, round lengths and the target's
     per-token NLL (its logits, bit for bit) of a batch of 2 equal each prompt's batch-1 run (fp32)."""
     from coolsd.batch_invariant import batch_invariant
 
@@ -297,8 +323,8 @@ def test_batch_invariant_mode_gives_each_sample_its_alone_tokens():
 
 
 def test_batch_invariant_drafter_logits_equal_alone_bit_for_bit():
-    """The drafter alone: samples at different positions (row ends in different columns, so a
-    shared forward would chunk and slot newlines differently) give the batch-1 logits exactly."""
+    """The drafter alone: samples at different positions (row ends in different columns) give the
+    batch-1 logits exactly."""
     from coolsd.batch_invariant import batch_invariant
 
     model = make_lm().float()

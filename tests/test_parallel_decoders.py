@@ -138,6 +138,53 @@ def test_coupled_drafts_stay_stable_on_the_toy_world(monkeypatch):
     assert min(kept["maximal"], kept["gumbel"]) > 1.5 * kept[None], kept  # measured 0.39, 0.38 vs 0.20
 
 
+def test_gumbel_noise_is_computed_ahead_about_once_per_position_and_equals_its_recomputation(monkeypatch):
+    """MC-SJD's Gumbel noise is a function of (sample key, image position): the loop computes it
+    ahead, a table of windows per sample recomputed when the sample's window leaves it (planned
+    from the loop's round read), and a run that computes every window directly (``emitted=None``)
+    emits the same tokens at batch 1 and 3 (a wrong slot, position or table offset would differ),
+    with about one row per image position instead of one per window slot and round."""
+    from coolsd.decoding.rng import PerSampleRNG
+    from coolsd.drafting import build_drafter
+    from coolsd.generate import speculative_generate
+    from coolsd.job import prompt_seed
+    from coolsd.runner import compose
+    from coolsd.worlds import load_world
+
+    cfg = compose("target=toy", "dataset.n_prompts=3")
+    world = load_world(cfg)
+    t, scenes = world.target, world.prompts(cfg)
+    m = world.build_method("mc_sjd", {"window": 8, "coupling": "gumbel"}, "chain", 7)
+    rows = []
+    indexed = PerSampleRNG.indexed
+    monkeypatch.setattr(PerSampleRNG, "indexed", lambda self, k, i, c: rows.append(len(k)) or indexed(self, k, i, c))
+
+    def run(B, direct):
+        propose = JacobiDrafter.propose
+        if direct:
+            monkeypatch.setattr(JacobiDrafter, "propose", lambda self, *a, emitted=None, **k: propose(self, *a, **k))
+        rows.clear()
+        with torch.no_grad():
+            res = speculative_generate(t, t.n_image_tokens, PerSampleRNG([prompt_seed(0, i) for i in range(B)]),
+                                       rule=m.rule, drafter=build_drafter(m, None, world.sampling, t.vocab_size),
+                                       tree=m.tree, sampling=world.sampling, batch_size=B,
+                                       cond=world.encode([x.caption for x in scenes[:B]]))
+        monkeypatch.setattr(JacobiDrafter, "propose", propose)
+        return res, list(rows)
+
+    for B in (1, 3):
+        ahead, n_rows = run(B, False)
+        direct, n_direct = run(B, True)
+        assert torch.equal(ahead.tokens, direct.tokens)
+        rounds = max(len(r) for r in ahead.round_lengths)
+        assert n_direct == [B * 8] * rounds  # n+1 = 8 slots a sample and round
+        H = JacobiDrafter.NOISE_WINDOWS * 8
+        assert len(n_rows) < rounds / 2  # few calls ...
+        assert sum(n_rows) <= B * t.n_image_tokens * H / (H - 8)  # ... of about one row per position
+    alone, _ = run(1, False)
+    assert torch.equal(alone.tokens[0], ahead.tokens[0])
+
+
 def test_unknown_coupling_is_refused():
     from coolsd.methods import build_method
 

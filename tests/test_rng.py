@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy import stats
 
-from coolsd.decoding.rng import PerSampleRNG, SharedRNG, philox4x32, stream_uniforms
+from coolsd.decoding.rng import PerSampleRNG, SharedRNG, indexed_uniforms, philox4x32, stream_uniforms
 
 # Random123 kat_vectors: philox4x32 10, counter (4 words), key (2 words) -> output (4 words)
 KAT = [
@@ -32,18 +32,26 @@ def _philox_python(ctr, key, rounds=10):
     return tuple(c)
 
 
+@pytest.mark.parametrize("wrapping", [True, False], ids=["wrapping_multiply", "split_multiply"])
 @pytest.mark.parametrize("ctr,key,want", KAT)
-def test_philox_known_answers(ctr, key, want):
-    out = philox4x32([torch.tensor([c]) for c in ctr], [torch.tensor([k]) for k in key])
+def test_philox_known_answers(ctr, key, want, wrapping):
+    out = philox4x32([torch.tensor([c]) for c in ctr], [torch.tensor([k]) for k in key], wrapping=wrapping)
     assert tuple(int(o) for o in out) == want
     assert _philox_python(ctr, key) == want
 
 
-def test_philox_matches_the_python_reference_on_random_inputs():
+def test_the_cpu_passes_the_wrapping_check():
+    from coolsd.decoding.rng import _wraps
+
+    assert _wraps(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("wrapping", [True, False], ids=["wrapping_multiply", "split_multiply"])
+def test_philox_matches_the_python_reference_on_random_inputs(wrapping):
     r = np.random.default_rng(0)
     ctr = r.integers(0, 2**32, (4, 200))
     key = r.integers(0, 2**32, (2, 200))
-    out = philox4x32([torch.from_numpy(c) for c in ctr], [torch.from_numpy(k) for k in key])
+    out = philox4x32([torch.from_numpy(c) for c in ctr], [torch.from_numpy(k) for k in key], wrapping=wrapping)
     for i in range(200):
         assert tuple(int(o[i]) for o in out) == _philox_python(ctr[:, i].tolist(), key[:, i].tolist())
 
@@ -95,6 +103,37 @@ def test_uniforms_are_made_on_the_rng_device():
     u = rng.uniform(3, 4)
     assert u.device.type == "meta" and u.shape == (2, 3, 4)
     assert SharedRNG(2, 0).on("meta").uniform(3).device.type == "meta"
+
+
+def _unit(hi, lo):
+    return ((hi >> 5) * (1 << 26) + (lo >> 6)) * 2.0 ** -53
+
+
+def test_indexed_uniforms_are_philox_at_the_index_counter_bit_for_bit():
+    """Row r, element v: word pair v mod 2 of Philox((v // 2, index[r], tag, 0), key[r]), checked
+    against the Python Philox; long rows are tiled on the CPU, so 40,001 elements cross tiles."""
+    keys, index = torch.tensor([3, 2**62 + 11, 3]), torch.tensor([0, 7, 2**32 - 1])
+    u = indexed_uniforms(keys, index, 40_001)
+    assert u.shape == (3, 40_001) and u.dtype == torch.float64
+    for r in range(3):
+        key = (int(keys[r]) & 0xFFFFFFFF, int(keys[r]) >> 32)
+        for v in (0, 1, 2, 5, 32_767, 32_768, 40_000):
+            x = _philox_python((v // 2, int(index[r]), 1, 0), key)
+            assert float(u[r, v]) == (_unit(x[0], x[1]) if v % 2 == 0 else _unit(x[2], x[3]))
+    # a pure function of (key, index, element): rows alone or in any order, fewer elements
+    assert torch.equal(indexed_uniforms(keys[[2, 0]], index[[2, 0]], 100), u[[2, 0], :100])
+    # apart from the streams (tag 0 is a stream's third word) and from other indices
+    assert not torch.equal(u[0, :100], stream_uniforms(keys[:1], 0, 100)[0])
+    assert not torch.equal(u[0, :100], u[2, :100])
+
+
+def test_keys_are_fresh_per_row_and_follow_a_sample_alone():
+    alone, batch = PerSampleRNG([7]), PerSampleRNG([1, 7])
+    k1, k2 = alone.keys(), batch.keys()
+    assert k2[1] == k1[0] and k2[0] != k2[1] and alone.keys()[0] != k1[0]
+    assert 0 <= int(k1[0]) < 2**53
+    shared = SharedRNG(3, seed=0).keys()
+    assert len(set(shared.tolist())) == 3
 
 
 def test_bad_seed_is_refused():

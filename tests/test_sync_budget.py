@@ -45,30 +45,24 @@ def toy():
     return world, world.encode([s.caption for s in world.prompts(cfg)])
 
 
-CASES = [(n, "chain") for n in method_names("discrete") if not n.startswith("_")] + [("eagle", "mc_sim_7b_63")]
+CASES = ([(n, "chain", {}) for n in method_names("discrete") if not n.startswith("_")]
+         + [("eagle", "mc_sim_7b_63", {}), ("mc_sjd", "chain", {"coupling": "gumbel"})])
 
 
-@pytest.mark.parametrize("name,tree", CASES, ids=[f"{n}-{t}" for n, t in CASES])
-def test_eager_rounds_on_the_toy_world_stay_within_the_sync_budget(toy, name, tree):
+@pytest.mark.parametrize("name,tree,params", CASES, ids=[f"{n}-{t}" + "".join(f"-{v}" for v in p.values())
+                                                         for n, t, p in CASES])
+def test_eager_rounds_on_the_toy_world_stay_within_the_sync_budget(toy, name, tree, params):
     world, cond = toy
     t = world.target
-    m = world.build_method(name, {}, tree, 4 if tree == "chain" else None)
+    m = world.build_method(name, params, tree, 4 if tree == "chain" else None)
     _marginal(lambda n: speculative_generate(
         t, n, PerSampleRNG([1, 2]), rule=m.rule, drafter=build_drafter(
             m, world.drafter() if m.drafter == "model" else None, world.sampling, t.vocab_size, grid_width=8),
         tree=m.tree, sampling=world.sampling, cond=cond, batch_size=2), 48)
 
 
-# Lumina-mGPT's EAGLE drafter inserts a newline entry after each row-end token: how many a forward
-# needs is read on the host (a nonzero per forward and chunk, ~8 syncs a round measured); the fix
-# (a newline slot for every column, masked) is not done yet (docs/gpu.md): strict xfail until it is
-_DRAFTER_SYNCS = pytest.mark.xfail(strict=True, reason="Lumina's drafter reads its row ends on the host each forward")
-
-
-@pytest.mark.parametrize("name,kw", [("ar", {}), pytest.param("eagle", {"tree": "chain", "draft_length": 4},
-                                                              marks=_DRAFTER_SYNCS),
-                                     pytest.param("eagle", {"tree": "mc_sim_7b_63"}, marks=_DRAFTER_SYNCS),
-                                     pytest.param("coolsd", {"draft_length": 4}, marks=_DRAFTER_SYNCS),
+@pytest.mark.parametrize("name,kw", [("ar", {}), ("eagle", {"tree": "chain", "draft_length": 4}),
+                                     ("eagle", {"tree": "mc_sim_7b_63"}), ("coolsd", {"draft_length": 4}),
                                      ("sjd", {})], ids=["ar", "eagle-chain", "eagle-tree", "coolsd", "sjd"])
 def test_eager_rounds_on_lumina_stay_within_the_sync_budget(name, kw):
     from coolsd.drafters.eagle_lumina import LuminaEagleDrafter

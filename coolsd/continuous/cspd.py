@@ -5,6 +5,9 @@ back to a target sample) and 2.9 (the exact mode: final-step noise, no variance 
 by rejection or, with equal final stds, by a reflection-maximal coupling).
 
 Shapes: tokens are (N, C) rows (one row per drafted position); ``log_std`` broadcasts to them.
+Device: every draw and every result lands on the device of the tokens (``mu_p``, ``x0``, ``xi0``),
+drawn with ``gen``, which must be a generator of that device (``torch.Generator(device=...)``;
+torch refuses a CPU generator for CUDA draws). CPU and CUDA generators give different numbers.
 The variance term is ``log_sigma = S_q - S_p`` with ``S_m = sum_{k>=1} sum_d 1/2 log var_{m,k,d}``
 (Sigma = prod sigma_q / sigma_p over the non-final steps; continuous_sd.md 2.3).
 """
@@ -54,19 +57,20 @@ def resample(mu_p, log_std_p, mu_q, log_std_q, log_sigma, gen: torch.Generator, 
     if max_rounds < 1:
         raise ValueError(f"max_rounds must be >= 1, got {max_rounds}")
     N, C = mu_p.shape
+    dev = mu_p.device
     out = torch.empty_like(mu_p)
-    rounds = torch.zeros(N, dtype=torch.long)
-    todo = torch.ones(N, dtype=torch.bool)
-    fallback = torch.zeros(N, dtype=torch.bool)
-    log_sigma = torch.as_tensor(log_sigma, dtype=mu_p.dtype).expand(N)
+    rounds = torch.zeros(N, dtype=torch.long, device=dev)
+    todo = torch.ones(N, dtype=torch.bool, device=dev)
+    fallback = torch.zeros(N, dtype=torch.bool, device=dev)
+    log_sigma = torch.as_tensor(log_sigma, dtype=mu_p.dtype, device=dev).expand(N)
     for r in range(1, max_rounds + 1):
         idx = todo.nonzero().squeeze(1)
         if len(idx) == 0:
             break
         sp = log_std_p.expand_as(mu_p)[idx]
-        y = mu_p[idx] + torch.exp(sp) * torch.randn(len(idx), C, generator=gen, dtype=mu_p.dtype)
+        y = mu_p[idx] + torch.exp(sp) * torch.randn(len(idx), C, generator=gen, dtype=mu_p.dtype, device=dev)
         d = log_normal(y, mu_q[idx], log_std_q.expand_as(mu_q)[idx]) - log_sigma[idx] - log_normal(y, mu_p[idx], sp)
-        log_u = torch.log(torch.rand(len(idx), generator=gen, dtype=mu_p.dtype))
+        log_u = torch.log(torch.rand(len(idx), generator=gen, dtype=mu_p.dtype, device=dev))
         ok = log_u < log_residual_accept(d)
         last = r == max_rounds
         take = ok | last
@@ -87,7 +91,7 @@ def verify_paper(x0, mu_p, log_std_p, mu_q, log_std_q, s_p, s_q, gen: torch.Gene
     log_sigma = s_q - s_p
     lam = inner_temperature
     log_r = log_sigma + log_normal(x0, mu_p, log_std_p, lam) - log_normal(x0, mu_q, log_std_q, lam)
-    log_u = torch.log(torch.rand(x0.shape[0], generator=gen, dtype=x0.dtype))
+    log_u = torch.log(torch.rand(x0.shape[0], generator=gen, dtype=x0.dtype, device=x0.device))
     accepted = log_u < torch.clamp(log_r, max=0.0)
     return _finish(x0, accepted, mu_p, log_std_p, mu_q, log_std_q, log_sigma, gen, max_rounds)
 
@@ -96,7 +100,7 @@ def verify_exact(x0, mu_p, log_std_p, mu_q, log_std_q, gen: torch.Generator, max
     """The exact rule (continuous_sd.md 2.9): x0 ~ N(mu_q, s_q^2) drawn with final-step noise;
     log r = l_p0(x0) - l_q0(x0) (no variance term); the residual max(0, p0 - q0) by rejection.
     Given the shared noise of the earlier steps, the output is distributed as N(mu_p, s_p^2)."""
-    zero = torch.zeros(x0.shape[0], dtype=x0.dtype)
+    zero = torch.zeros(x0.shape[0], dtype=x0.dtype, device=x0.device)
     return verify_paper(x0, mu_p, log_std_p, mu_q, log_std_q, zero, zero, gen, max_rounds)  # log Sigma = 0
 
 
@@ -107,23 +111,24 @@ def verify_reflection(xi0, mu_p, mu_q, s, gen: torch.Generator) -> Verdict:
     mu_p + s (xi0 - 2 (e . xi0) e), e = z / |z|. One shot; acceptance = 1 - TV."""
     z = (mu_q - mu_p) / s
     log_keep = -0.5 * ((xi0 + z) ** 2 - xi0 ** 2).sum(-1)
-    log_u = torch.log(torch.rand(xi0.shape[0], generator=gen, dtype=xi0.dtype))
+    log_u = torch.log(torch.rand(xi0.shape[0], generator=gen, dtype=xi0.dtype, device=xi0.device))
     accepted = log_u < torch.clamp(log_keep, max=0.0)
     norm = z.norm(dim=-1, keepdim=True)
     e = torch.where(norm > 0, z / norm.clamp(min=torch.finfo(z.dtype).tiny), torch.zeros_like(z))
     reflected = mu_p + s * (xi0 - 2 * (e * xi0).sum(-1, keepdim=True) * e)
     tokens = torch.where(accepted.unsqueeze(-1), mu_q + s * xi0, reflected)
     n = xi0.shape[0]
-    return Verdict(tokens, accepted, torch.zeros(n, dtype=torch.long), torch.zeros(n, dtype=torch.bool))
+    return Verdict(tokens, accepted, torch.zeros(n, dtype=torch.long, device=xi0.device),
+                   torch.zeros(n, dtype=torch.bool, device=xi0.device))
 
 
 def _finish(x0, accepted, mu_p, log_std_p, mu_q, log_std_q, log_sigma, gen, max_rounds) -> Verdict:
     tokens = x0.clone()
-    rounds = torch.zeros(x0.shape[0], dtype=torch.long)
-    fallback = torch.zeros(x0.shape[0], dtype=torch.bool)
+    rounds = torch.zeros(x0.shape[0], dtype=torch.long, device=x0.device)
+    fallback = torch.zeros(x0.shape[0], dtype=torch.bool, device=x0.device)
     rej = (~accepted).nonzero().squeeze(1)
     if len(rej):
-        ls = torch.as_tensor(log_sigma, dtype=x0.dtype).expand(x0.shape[0])[rej]
+        ls = torch.as_tensor(log_sigma, dtype=x0.dtype, device=x0.device).expand(x0.shape[0])[rej]
         y, r, fb = resample(mu_p[rej], log_std_p.expand_as(mu_p)[rej], mu_q[rej], log_std_q.expand_as(mu_q)[rej],
                             ls, gen, max_rounds)
         tokens[rej], rounds[rej], fallback[rej] = y, r, fb

@@ -102,7 +102,7 @@ def aligned_sample(head: Head, z_c, noise, eps, sched: Schedule, *, z_u=None, cf
     ``final_noise``, s_0 = tau sigma_0, or ``final_std``: the exact mode's smoothing s of
     continuous_sd.md 2.9, which convolves the target with N(0, s^2)). Two heads given the same
     noise and eps are trajectory-aligned."""
-    x, s = noise, torch.zeros(noise.shape[0], dtype=noise.dtype)
+    x, s = noise, torch.zeros(noise.shape[0], dtype=noise.dtype, device=noise.device)
     for k in range(sched.K - 1, 0, -1):
         mu, log_var = step_gaussian(head, x, k, sched, z_c, z_u, cfg, fixed_v, clip_x0)
         s = s + 0.5 * log_var.sum(-1)

@@ -20,7 +20,12 @@ seeded by (sample seed, j), shared by draft, target and target-only sampling and
 batch and order of work; the generation order, the verification uniforms and the resamples come
 from per-sample generators too, so a sample is the same alone or in a batch. Identical draft and
 target therefore accept everything (prefix, or parallel at gamma = 1) and reproduce target-only
-sampling. CFG: both branches share the noise; the scale of step s is the same for draft and
+sampling. Device: every generator is made on the device of the target's parameters and every draw
+lands there (verification included: the head's Gaussians stay on the device), so a CUDA model
+draws with CUDA generators and no random numbers are drawn on the CPU and copied over. A sample
+is a function of (seed, label) on a given device type; CPU and CUDA samples of the same seed
+differ (torch's CPU and CUDA generators produce different streams), CPU samples are those of the
+CPU-only code before. CFG: both branches share the noise; the scale of step s is the same for draft and
 target (``constant``, or MAR's ``linear`` 1 + (w - 1)(s + 1) / L).
 Counters per sample: drafted, verified, accepted, resample rounds, fallbacks, target and draft forwards.
 """
@@ -72,10 +77,14 @@ def _seed(*key) -> int:
     return int(np.random.default_rng(list(key)).integers(2**62))
 
 
-def position_noise(seed: int, j: int, K: int, C: int, dtype=torch.float64):
-    """(x^(K) (C,), eps (K, C)) of position j of the sample with ``seed``."""
-    g = torch.Generator().manual_seed(_seed(seed, j))
-    return torch.randn(C, generator=g, dtype=dtype), torch.randn(K, C, generator=g, dtype=dtype)
+def position_noise(seed: int, j: int, K: int, C: int, dtype=torch.float64, device=None):
+    """(x^(K) (C,), eps (K, C)) of position j of the sample with ``seed``, drawn on ``device``
+    (default the CPU) by a generator of that device: the same numbers for a device type whatever
+    the batch, different numbers on the CPU and on CUDA (different generators)."""
+    device = torch.device("cpu") if device is None else torch.device(device)
+    g = torch.Generator(device=device).manual_seed(_seed(seed, j))
+    return (torch.randn(C, generator=g, dtype=dtype, device=device),
+            torch.randn(K, C, generator=g, dtype=dtype, device=device))
 
 
 def generation_order(seed: int, L: int, order: str) -> torch.Tensor:
@@ -94,7 +103,8 @@ class ContinuousResult:
 
 
 class _Run:
-    """The state of one batch: tokens, known mask, orders, per-sample generators and counters."""
+    """The state of one batch: tokens, known mask, orders, per-sample generators and counters,
+    all on the device of the target's parameters (``device``)."""
 
     def __init__(self, model, labels, seeds, hc: HeadConfig, final_noise: bool, final_std: float | None = None,
                  inner_temperature: float = 1.0):
@@ -109,7 +119,7 @@ class _Run:
         self.known = torch.zeros(B, self.L, dtype=torch.bool, device=self.device)
         self.order = torch.stack([generation_order(s, self.L, hc.order) for s in self.seeds]).to(self.device)
         self.rank = torch.argsort(self.order, 1)  # rank[b, j]: the step at which position j is generated
-        self.gens = [torch.Generator().manual_seed(_seed(s, 1 << 20)) for s in self.seeds]
+        self.gens = [torch.Generator(device=self.device).manual_seed(_seed(s, 1 << 20)) for s in self.seeds]
         self.inner_temperature = inner_temperature  # the paper rule's lam (cspd_generate)
         self.counters = [dict(drafted=0, verified=0, accepted=0, resample_rounds=0, fallbacks=0, target_forwards=0, draft_forwards=0)
                          for _ in self.seeds]
@@ -125,19 +135,19 @@ class _Run:
 
     def sample(self, model, z, zu, rows, steps) -> HeadSample:
         """The aligned head chain of each row (sample ``rows[i]``, generation step ``steps[i]``);
-        z, zu: (B', L, D) conditions of those rows. Densities are returned in float64."""
+        z, zu: (B', L, D) conditions of those rows. Densities are returned in float64, on the
+        device (verification runs there, with the per-sample generators of that device)."""
         n = len(rows)
         pos = self.order[rows, steps]
         ar = torch.arange(n, device=self.device)
-        noise, eps = zip(*(position_noise(self.seeds[int(b)], int(j), self.sched.K, self.C, self.dtype)
+        noise, eps = zip(*(position_noise(self.seeds[int(b)], int(j), self.sched.K, self.C, self.dtype, self.device)
                            for b, j in zip(rows.tolist(), pos.tolist())))
-        noise = torch.stack(noise).to(self.device)
-        eps = torch.stack(eps, 1).to(self.device)
+        noise, eps = torch.stack(noise), torch.stack(eps, 1)
         zr, zur = z[ar, pos], None if zu is None else zu[ar, pos]
         cfg = self.hc.scale(steps, self.L).to(device=self.device, dtype=self.dtype)
         h = aligned_sample(model.head, zr, noise, eps, self.sched, z_u=zur, cfg=cfg, tau=self.hc.temperature,
                            final_noise=self.final_noise, clip_x0=self.hc.clip_x0, final_std=self.final_std)
-        f = lambda t: t.to(torch.float64).cpu()  # noqa: E731
+        f = lambda t: t.to(torch.float64)  # noqa: E731
         return HeadSample(h.x0, f(h.mu0), f(h.log_std0), f(h.s))
 
     def target_step(self, target, step: int):
@@ -153,7 +163,7 @@ class _Run:
 
     def verify(self, b: int, mode: str, p: HeadSample, q: HeadSample, max_rounds: int):
         """The rule ``mode`` on sample b's rows of p (target) and q (draft), with b's generator."""
-        x0 = q.x0.to(torch.float64).cpu()
+        x0 = q.x0.to(torch.float64)
         if mode == "exact":
             return verify_exact(x0, p.mu0, p.log_std0, q.mu0, q.log_std0, self.gens[b], max_rounds)
         return verify_paper(x0, p.mu0, p.log_std0, q.mu0, q.log_std0, p.s, q.s, self.gens[b], max_rounds,
@@ -216,7 +226,7 @@ def _draft(run: _Run, draft, rows, start, g):
     HeadSample of (R, max g) rows: step j of row k at [k, j], zeros past g[k])."""
     tokens, known = run.tokens[rows].clone(), run.known[rows].clone()
     R, G = len(rows), int(g.max())
-    f64 = dict(dtype=torch.float64)
+    f64 = dict(dtype=torch.float64, device=run.device)
     q = HeadSample(torch.zeros(R, G, run.C, dtype=run.dtype, device=run.device), torch.zeros(R, G, run.C, **f64),
                    torch.zeros(R, G, run.C, **f64), torch.zeros(R, G, **f64))
     for j in range(G):
@@ -226,7 +236,7 @@ def _draft(run: _Run, draft, rows, start, g):
         pos = run.order[rows[live], start[live] + j]
         tokens[live, pos], known[live, pos] = h.x0, True
         for f in ("x0", "mu0", "log_std0", "s"):
-            getattr(q, f)[live.cpu() if f != "x0" else live, j] = getattr(h, f)
+            getattr(q, f)[live, j] = getattr(h, f)
         for b in rows[live].tolist():
             run.counters[b]["draft_forwards"] += 1
     return tokens, q
@@ -240,9 +250,10 @@ def _count(c: dict, v, take: int, drafted: int):
     c["target_forwards"] += 1
     c["drafted"] += drafted
     c["verified"] += take
-    c["accepted"] += int(v.accepted[:take].sum())
-    c["resample_rounds"] += int(v.rounds[:take].sum())
-    c["fallbacks"] += int(v.fallback[:take].sum())
+    acc, rounds, fb = torch.stack([v.accepted[:take].sum(), v.rounds[:take].sum(), v.fallback[:take].sum()]).tolist()
+    c["accepted"] += acc  # one host read for the three counters
+    c["resample_rounds"] += rounds
+    c["fallbacks"] += fb
 
 
 def _parallel(run: _Run, target, draft, s: int, gamma: int, mode: str, max_rounds: int):

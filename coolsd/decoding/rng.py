@@ -6,9 +6,12 @@ numbers: as easy as 1, 2, 3"; the generator torch's CUDA RNG also uses) applied 
 (k // 2, 0, 0, 0) under the key (s mod 2^32, s div 2^32): its four 32-bit output words give the
 uniforms of elements 2j and 2j+1, 53 bits each, ``((x0 >> 5) * 2^26 + (x1 >> 6)) * 2^-53`` (so
 uniforms lie on the float64 grid of [0, 1), like ``torch.rand``'s). Philox is computed in int64
-torch ops that never overflow (each 32 x 32-bit product is split into two 32 x 16-bit ones), so
-the uniforms are bit-identical on every device and CPU (tests/test_rng.py checks Random123's
-known-answer vectors and an independent pure-Python Philox).
+torch ops: a 32 x 32-bit product is one int64 multiply whose low 64 bits are kept (two's-complement
+wrap-around, what CPU and CUDA integer multiplies do), its words read with a shift and masks; each
+device's first use checks that against Random123's known answer and, where it fails, splits every
+product into two 32 x 16-bit ones that never overflow. So the uniforms are bit-identical on every
+device and CPU (tests/test_rng.py checks Random123's known-answer vectors and an independent
+pure-Python Philox, both ways).
 
 A stream is consumed in order: ``uniform(*shape)`` returns the next ``prod(shape)`` elements.
 What a call returns depends only on the key and how many elements earlier calls took, never on
@@ -36,6 +39,14 @@ PHILOX_W = (0x9E3779B9, 0xBB67AE85)
 PHILOX_ROUNDS = 10
 
 
+def _mulhilo_wrapping(a: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hi, lo) 32-bit words of the 64-bit product a * m (a an int64 tensor of values < 2^32, m <
+    2^32) from one int64 multiply that wraps modulo 2^64: the arithmetic shift's sign bits above
+    bit 31 are masked off."""
+    prod = a * m
+    return (prod >> 32) & MASK32, prod & MASK32
+
+
 def _mulhilo(a: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(hi, lo) 32-bit words of the 64-bit product a * m, a an int64 tensor of values < 2^32:
     m = mh * 2^16 + ml, so a * m = (a * mh) * 2^16 + a * ml with both products < 2^48 (no int64
@@ -47,18 +58,42 @@ def _mulhilo(a: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
     return hi, lo
 
 
-def philox4x32(counter: Sequence[torch.Tensor], key: Sequence[torch.Tensor], rounds: int = PHILOX_ROUNDS):
-    """Philox4x32-``rounds`` (Random123's philox4x32_R): four int64 tensors of 32-bit counter words
-    and two of key words (broadcastable) -> the four 32-bit output words (int64 tensors)."""
+def philox4x32(counter: Sequence[torch.Tensor], key: Sequence[torch.Tensor], rounds: int = PHILOX_ROUNDS,
+               wrapping: Optional[bool] = None):
+    """Philox4x32-``rounds`` (Random123's philox4x32_R): four int64 tensors (or ints) of 32-bit
+    counter words and two of key words (broadcastable) -> the four 32-bit output words (int64
+    tensors). ``wrapping``: products by one wrapping multiply (None: where the device's check passed)."""
     c0, c1, c2, c3 = counter
     k0, k1 = key
+    if wrapping is None:
+        wrapping = _wraps(k0.device if torch.is_tensor(k0) else torch.device("cpu"))
+    mulhilo = _mulhilo_wrapping if wrapping else _mulhilo
     for r in range(rounds):
         if r:  # the key schedule bumps before every round after the first
             k0, k1 = (k0 + PHILOX_W[0]) & MASK32, (k1 + PHILOX_W[1]) & MASK32
-        hi0, lo0 = _mulhilo(c0, PHILOX_M[0])
-        hi1, lo1 = _mulhilo(c2, PHILOX_M[1])
+        hi0, lo0 = mulhilo(c0, PHILOX_M[0])
+        hi1, lo1 = mulhilo(c2, PHILOX_M[1])
         c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
     return c0, c1, c2, c3
+
+
+# Random123 kat_vectors, philox4x32 10: counter and key of all ones (every product wraps)
+_KAT = ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD))
+_WRAPS: dict = {}
+
+
+def _wraps(device: torch.device) -> bool:
+    """Whether int64 multiplies wrap modulo 2^64 on ``device`` (its first use: one known-answer
+    Philox and one host read, then cached)."""
+    key = (device.type, device.index)
+    if key not in _WRAPS:
+        if device.type == "meta":
+            return True
+        ctr, k, want = _KAT
+        out = philox4x32([torch.tensor([c], device=device) for c in ctr], [torch.tensor([x], device=device) for x in k],
+                         wrapping=True)
+        _WRAPS[key] = torch.cat(out).tolist() == list(want)
+    return _WRAPS[key]
 
 
 def _to_unit(hi: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
@@ -72,20 +107,46 @@ def stream_uniforms(keys: torch.Tensor, start: int, count: int) -> torch.Tensor:
     if count <= 0:
         return torch.zeros(keys.shape[0], 0, dtype=torch.float64, device=keys.device)
     first, last = start // 2, (start + count - 1) // 2  # counter blocks holding the elements
-    j = torch.arange(first, last + 1, device=keys.device).unsqueeze(0)  # (1, blocks)
-    zero = torch.zeros_like(j)
+    j = torch.arange(first, last + 1, device=keys.device).unsqueeze(0)
+    u = _blocks(keys, lambda rows, cols: (j[:, cols] & MASK32, j[:, cols] >> 32, 0, 0), j.shape[1])
     off = start - 2 * first
-    out = torch.empty(keys.shape[0], count, dtype=torch.float64, device=keys.device)
-    rows = max(1, _CHUNK // j.shape[1]) if keys.device.type == "cpu" else keys.shape[0]
-    for r in range(0, keys.shape[0], rows):  # CPU: chunks of rows whose ~200 passes stay in cache
-        k = keys[r: r + rows].unsqueeze(1)
-        x0, x1, x2, x3 = philox4x32((j & MASK32, j >> 32, zero, zero), (k & MASK32, k >> 32))
-        u = torch.stack([_to_unit(x0, x1), _to_unit(x2, x3)], -1).flatten(1)  # (rows, 2 * blocks)
-        out[r: r + rows] = u[:, off: off + count]
+    return u[:, off: off + count]
+
+
+def indexed_uniforms(keys: torch.Tensor, index: torch.Tensor, count: int, tag: int = 1) -> torch.Tensor:
+    """(R, count) float64: uniform ``v`` of row ``r`` is a pure function of (keys[r], index[r], v):
+    word pair ``v mod 2`` of Philox on the counter (v // 2, index[r], tag, 0) under the key keys[r]
+    (``keys`` (R,) in [0, 2^63), ``index`` (R,) in [0, 2^32), ``count`` <= 2^33). Random access by
+    index (an image position, say), where a stream is consumed in order; ``tag`` >= 1 keeps these
+    counters apart from every stream's (whose third word is 0)."""
+    n = (count + 1) // 2
+    v = torch.arange(n, device=keys.device).unsqueeze(0)
+    idx = index.reshape(-1, 1)
+    return _blocks(keys, lambda rows, cols: (v[:, cols], idx[rows], tag, 0), n)[:, :count]
+
+
+_CHUNK = 1 << 14  # Philox blocks per CPU tile (measured: 2x faster than one pass over 2^20)
+
+
+def _blocks(keys: torch.Tensor, counter, n_blocks: int) -> torch.Tensor:
+    """(S, 2 * n_blocks) float64: the uniforms of Philox blocks 0..n_blocks-1 of row s under the key
+    keys[s], block c at the counter ``counter(rows, cols)`` (four words: tensors broadcastable to
+    (rows, cols), or ints). On the CPU in tiles of about _CHUNK blocks (rows x columns: one long
+    stream is tiled too), whose ~200 elementwise passes stay in cache."""
+    S = keys.shape[0]
+    out = torch.empty(S, 2 * n_blocks, dtype=torch.float64, device=keys.device)
+    cpu = keys.device.type == "cpu"
+    cols_per = max(1, min(n_blocks, _CHUNK)) if cpu else max(n_blocks, 1)
+    rows_per = max(1, _CHUNK // cols_per) if cpu else max(S, 1)
+    for c in range(0, n_blocks, cols_per):
+        cols = slice(c, min(n_blocks, c + cols_per))
+        for r in range(0, S, rows_per):
+            rows = slice(r, r + rows_per)
+            k = keys[rows].unsqueeze(1)
+            x0, x1, x2, x3 = philox4x32(counter(rows, cols), (k & MASK32, k >> 32))
+            u = torch.stack([_to_unit(x0, x1), _to_unit(x2, x3)], -1)  # (rows, cols, 2)
+            out[rows, 2 * cols.start: 2 * cols.stop] = u.expand(k.shape[0], cols.stop - cols.start, 2).flatten(1)
     return out
-
-
-_CHUNK = 1 << 14  # counters per CPU chunk (measured: 2x faster than one pass over 2^20)
 
 
 class _Streams:
@@ -138,9 +199,19 @@ class _CounterRNG:
     def device(self) -> torch.device:
         return self.streams.device
 
-    def _take(self, rows: int, shape: tuple[int, ...]) -> torch.Tensor:
+    def keys(self) -> torch.Tensor:
+        """(B,) int64 on the device: one fresh key per row (its next uniform's 53 bits, so row b's
+        key comes from row b's draws alone), for ``indexed_uniforms``' random-access draws."""
+        return (self._take(self._rows, (1,), exact=True)[:, 0] * 2.0 ** 53).long()
+
+    def indexed(self, keys: torch.Tensor, index: torch.Tensor, count: int) -> torch.Tensor:
+        """``indexed_uniforms(keys, index, count)`` on this RNG's device (random access: a pure
+        function of its arguments, whatever was drawn before)."""
+        return indexed_uniforms(keys.to(self.device), index.to(self.device), count)
+
+    def _take(self, rows: int, shape: tuple[int, ...], exact: bool = False) -> torch.Tensor:
         u = self.streams.take(rows * math.prod(shape)).reshape(-1, *shape)
-        return u if self.dtype == torch.float64 else u.to(self.dtype)
+        return u if exact or self.dtype == torch.float64 else u.to(self.dtype)
 
 
 class PerSampleRNG(_CounterRNG):
@@ -148,10 +219,11 @@ class PerSampleRNG(_CounterRNG):
 
     def __init__(self, seeds, dtype=torch.float64, device=None):
         super().__init__(seeds, dtype, device)
+        self._rows = 1  # rows a stream gives each call
 
     def uniform(self, *shape: int) -> torch.Tensor:
         """(B, *shape) uniforms in [0, 1); row b from sample b's stream only."""
-        return self._take(1, shape)
+        return self._take(self._rows, shape)
 
 
 class SharedRNG(_CounterRNG):
@@ -160,7 +232,7 @@ class SharedRNG(_CounterRNG):
 
     def __init__(self, batch: int, seed: int, dtype=torch.float64, device: Optional[torch.device] = None):
         super().__init__([seed], dtype, device)
-        self.batch = batch
+        self.batch = self._rows = batch
 
     def uniform(self, *shape: int) -> torch.Tensor:
-        return self._take(self.batch, shape)
+        return self._take(self._rows, shape)

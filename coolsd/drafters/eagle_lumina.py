@@ -226,10 +226,11 @@ class LuminaEagleDrafter:
 
     Bookkeeping mirrors ``LuminaTarget``: caller pending entry -> cache pending index
     (``_p_int``) and its newline's (``_p_nl``, -1 for none); ``commit`` keeps the newline after a
-    kept row-end token. A newline's input feature is this forward's output at its row-end
-    token, so a forward whose entries attend an earlier NEW row-end entry (the verified context
-    crossing a row end) runs in chunks that end at such an entry; a tree level (siblings only)
-    is one chunk, then one forward for its newlines.
+    kept row-end token. Shapes never depend on tensor values (no host reads a round): every new
+    entry gets a newline slot, used only where it ends a row. A newline's input feature is this
+    forward's output at its row-end token, so a forward whose entries attend earlier NEW entries
+    (the verified context) runs in passes, as many as its mask can need; a tree level (siblings
+    only) is one pass: its entries, then their newline slots.
     """
 
     def __init__(self, head: LuminaEagleHead, lm_head_weight: torch.Tensor, code_to_bpe: torch.Tensor, *,
@@ -299,8 +300,7 @@ class LuminaEagleDrafter:
             cond = list(cond)
         self._alone = None
         if batch_invariant.active() and batch_size > 1:
-            # every sample computed as alone, bit for bit (coolsd.batch_invariant): the chunks and
-            # newline slots of a shared forward depend on the other samples' row ends
+            # every sample computed as alone, bit for bit (coolsd.batch_invariant), as LuminaTarget does
             self.batch_size = batch_size
             self.cache = None  # freed before the per-sample caches are allocated
             self._alone = [LuminaEagleDrafter(self.head, self.lm_head_weight, self.rows, h_latent=self.h_latent,
@@ -366,7 +366,9 @@ class LuminaEagleDrafter:
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, attend: torch.Tensor,
                 features: Optional[torch.Tensor] = None) -> StepOut:
-        """tokens: (B, m) codes; positions: (B, m) image-token indices j; attend (m, P+m) or
+        """tokens: (B, m) codes; positions: (B, m) image-token indices j, stepping by one along
+        every chain of new entries (a new entry's position is one more than that of the latest
+        new entry it attends: a tree's depths, a context's consecutive tokens); attend (m, P+m) or
         (B, m, P+m) over the caller's pending entries then the new ones; features (B, m, [2,] H):
         the target's (or this drafter's) feature at each entry's previous token."""
         if self._alone is not None:
@@ -391,62 +393,57 @@ class LuminaEagleDrafter:
         row_end = ((j + 1) % self.w_latent == 0) & (j + 1 < self.n_image_tokens) & (j >= 0)  # (B, m)
         rel = j + torch.div(j, self.w_latent, rounding_mode="floor")  # (B, m) entry position - image token 0's
         pos = self._double(rel) + self._offset.unsqueeze(1)
+        ids = self._double(self.rows[tokens])
+        nl_ids = torch.full_like(ids, self.tokens.newline)
+        ar_m = torch.arange(m, device=dev)
+        # sees_nl[b, c, c']: new entry c sees the newline of the earlier new row-end entry c'
+        sees_nl = Ac[:, :, P:] & torch.ones(m, m, dtype=torch.bool, device=dev).tril(-1) & row_end.unsqueeze(1)
 
-        # chunks end after a column that is a row end somewhere and is attended by a later new column:
-        # which columns are attended later is the mask's (read once per mask object: a drafter's masks
-        # are made once per tree), which of those are row ends is one read (none for a tree level,
-        # whose nodes never attend each other)
-        seen = self._seen_later(attend, Ac, P, m)
-        row_ends = row_end.any(0).tolist() if any(seen) else []
-        ends = [c + 1 for c, r in enumerate(row_ends[: m - 1]) if r and seen[c]] + [m]
-        caller_to_int, nl_all = self._p_int, self._p_nl
-        out = torch.zeros(feats.shape[0], m, feats.shape[-1], dtype=self.head.dtype, device=dev)
-        s = 0
-        for e in ends:
-            mc, Pi = e - s, self.cache.n_pending
-            new_int = Pi + torch.arange(mc, device=dev)
-            A = self._mask(Ac[:, s:e, : P + e], torch.cat([caller_to_int, new_int]), nl_all, Pi + mc)
-            ids = self.rows[tokens[:, s:e]]
-            h_tok = self.head(self._double(ids), feats[:, s:e], pos[:, s:e], self._double(A), self.cache)
-            out[:, s:e] = h_tok
-            caller_to_int = torch.cat([caller_to_int, new_int])
-            re_c = row_end[:, s:e]
-            cols = torch.nonzero(re_c.any(0)).flatten()  # chunk columns that get a newline slot
-            nl_new = torch.full((B, mc), -1, dtype=torch.long, device=dev)
-            k = cols.numel()
-            if k:
-                Pi2 = self.cache.n_pending
-                ar_k = torch.arange(k, device=dev)
-                A2 = torch.zeros(B, k, Pi2 + k, dtype=torch.bool, device=dev)
-                A2[:, :, : Pi + mc] = A[:, cols]  # what its token sees ...
-                A2[:, ar_k, Pi + cols] = True  # ... the token ...
-                A2[:, ar_k, Pi2 + ar_k] = True  # ... and itself
-                nl_ids = torch.full((feats.shape[0], k), self.tokens.newline, dtype=torch.long, device=dev)
-                h_nl = self.head(nl_ids, h_tok[:, cols], pos[:, s:e][:, cols] + 1, self._double(A2), self.cache)
-                slot = torch.full((mc,), -1, dtype=torch.long, device=dev)
-                slot[cols] = ar_k
-                nl_new = torch.where(re_c, Pi2 + slot.clamp(min=0), -1)
-                # a row-end node reports its newline's output (it predicts the next row's first token)
-                use = self._double(re_c)[:, cols].unsqueeze(-1)
-                out[:, s + cols] = torch.where(use, h_nl, h_tok[:, cols])
-            nl_all = torch.cat([nl_all, nl_new], 1)
-            s = e
-        self._p_int, self._p_nl = caller_to_int, nl_all
+        # Every new entry has a newline slot, masked out (never attended, never committed) unless
+        # it ends a row in that sample, so the shapes never depend on the positions' values. A
+        # newline's input feature is this forward's output at its row-end entry, so the entries
+        # run in passes: pass r sees the newlines pass r - 1 made, and every entry with at most r
+        # row ends among the new entries it attends is exact after pass r. Positions step by one
+        # along a chain, so an entry that attends n earlier new entries has at most ceil(n / w) of
+        # them at row ends: passes = 1 + that bound, from the mask alone.
+        passes = 1 + -(-self._most_attended_new(attend, Ac, P, m) // self.w_latent)
+        if host_checks() and bool((sees_nl.sum(-1) >= passes).any()):
+            raise ValueError("positions must step by one along every chain of new entries")
+        caller_to_int = self._p_int
+        for r in range(passes):
+            Pi = self.cache.n_pending
+            tok_int = Pi + ar_m  # this pass's entries, then their newline slots at Pi + m + ar_m
+            A = self._mask(Ac, torch.cat([caller_to_int, tok_int]), self._p_nl, Pi + m)
+            if r:  # the previous pass's newlines (the m slots just before this pass's entries)
+                A[:, :, Pi - m : Pi] |= sees_nl
+            h_tok = self.head(ids, feats, pos, self._double(A), self.cache)
+            # a newline sees what its entry sees, the entry and itself (an unused slot too: its
+            # attention row is never empty, so its output stays finite)
+            A2 = torch.zeros(B, m, Pi + 2 * m, dtype=torch.bool, device=dev)
+            A2[:, :, : Pi + m] = A
+            A2[:, ar_m, tok_int] = True
+            A2[:, ar_m, tok_int + m] = True
+            h_nl = self.head(nl_ids, h_tok, pos + 1, self._double(A2), self.cache)
+        self._p_int = torch.cat([caller_to_int, tok_int])
+        self._p_nl = torch.cat([self._p_nl, torch.where(row_end, tok_int + m, -1)], 1)
+        # a row-end node reports its newline's output (it predicts the next row's first token)
+        out = torch.where(self._double(row_end).unsqueeze(-1), h_nl, h_tok)
         logits = head_logits(out, self.code_head)
         if self.guided:
             return StepOut(logits=cfg_combine(logits[:B], logits[B:], self.cfg_scale),
                            hidden=torch.stack([out[:B], out[B:]], dim=2))
         return StepOut(logits=logits, hidden=out)
 
-    def _seen_later(self, attend: torch.Tensor, Ac: torch.Tensor, P: int, m: int) -> list[bool]:
-        """(m - 1) host bools: new column c attended by a later new column, memoised per mask
-        object (the memo holds the mask, so an id is never reused while it is there)."""
-        memo = self.__dict__.setdefault("_seen_memo", {})
+    def _most_attended_new(self, attend: torch.Tensor, Ac: torch.Tensor, P: int, m: int) -> int:
+        """The most earlier new entries one new entry attends (in any sample): one host read per
+        mask object, memoised (the memo holds the mask, so an id is never reused while it is there;
+        a drafter's masks are made once per tree and context length)."""
+        memo = self.__dict__.setdefault("_attended_memo", {})
         hit = memo.get((id(attend), P, m))
         if hit is None or hit[0] is not attend:
             if len(memo) > 256:
                 memo.clear()
-            hit = memo[(id(attend), P, m)] = (attend, Ac[:, :, P:].any(0).tril(-1).any(0)[: m - 1].tolist())
+            hit = memo[(id(attend), P, m)] = (attend, int(Ac[:, :, P:].tril(-1).sum(-1).max()) if m else 0)
         return hit[1]
 
     def _pending_count(self) -> int:
