@@ -14,8 +14,8 @@ Two layers, both before any model loads:
   naming the key, the value and the valid range (finite numbers, ``n_prompts`` within the prompt
   pool, ``seed >= 0``, ``threads >= 1``, ``batch_size >= 1``, ``tree.draft_length`` within the
   target's image tokens, a CUDA device that exists, an output folder that can be written, ...).
-  Method parameter *names* are the method registry's (``coolsd.methods.check_method``); their
-  values are checked to be finite here and fully when the method is built.
+  Method parameters are checked against the method registry's declarations (names, types,
+  ranges, choices: ``coolsd.methods.check_params``, the one place they are validated).
 
 Invariant: a config that ``check_config`` accepts composes, its values are in range, and its run
 folder can be created; a refused one has written nothing (``coolsd.runner.CheckBeforeRun`` runs the
@@ -335,11 +335,31 @@ def method_from_cfg(cfg) -> tuple[str, dict]:
     return m.pop("name"), m
 
 
+_PASSED: dict = {}  # config (yaml) check_config accepted in this process -> the world class it was checked for
+
+
 def check_config(cfg, world_cls=None, out_dir=None, out_key: str = "hydra.run.dir") -> None:
     """Every check of a composed job config before any model loads (see the module docstring):
     the ranges, the files the target needs (its ``missing_files``), the device and the run
     folder, in that order (the value checks import no torch: they refuse in ~1 s); ``world_cls``: the target's world class (default: from ``target.name``);
-    ``out_dir``: the run folder, checked for being writable."""
+    ``out_dir``: the run folder, checked for being writable. The checks of values alone are not
+    repeated for a config they accepted in this process (a run checks before Hydra writes, then
+    as its job starts); the files, the device and the folder, which can change, always are."""
+    from coolsd.worlds.files import require_files
+
+    key = OmegaConf.to_yaml(cfg)
+    if key not in _PASSED or (world_cls is not None and world_cls is not _PASSED[key]):
+        _PASSED[key] = _check_values(cfg, world_cls)
+    world_cls = world_cls or _PASSED[key]
+    # the files (coolsd.worlds.files: every missing one at once), then the device they would load on
+    require_files(cfg.target.name, world_cls.missing_files(cfg))
+    check_device(cfg)  # after the files: a run without weights lists them whatever the device
+    if out_dir is not None:
+        check_output_dir(out_dir, out_key)
+
+
+def _check_values(cfg, world_cls):
+    """The value, method, file and device checks of ``check_config``; returns the world class."""
     from coolsd.shards import Shard
     from coolsd.worlds import WORLDS, world_class
 
@@ -363,9 +383,6 @@ def check_config(cfg, world_cls=None, out_dir=None, out_key: str = "hydra.run.di
         require_int("dataset.n_prompts", d.get("n_prompts"), 1, high,
                     "" if pool is None else f" (the {d.get('name')} pool has {pool} prompts, from dataset.offset={offset})")
     name, params = method_from_cfg(cfg)
-    for k, v in params.items():
-        if isinstance(v, float):
-            require_number(f"method.{k}", v)
     world_cls = world_cls or world_class(cfg.target.name)
     length = _get(cfg, "tree.draft_length")
     if length is not None:
@@ -380,18 +397,16 @@ def check_config(cfg, world_cls=None, out_dir=None, out_key: str = "hydra.run.di
     if cfg.get("compile", False) and invariant:
         raise ConfigError("compile=true and deterministic.batch_invariant=true exclude each other (compiled kernels "
                           "fuse and reorder float operations); set one of them to false")
-    from coolsd.methods import check_method
-    from coolsd.worlds.files import require_files
+    from coolsd.methods import ParamError, check_method
 
-    try:
-        check_method(name, world_cls.family, params)  # the registry's names, family and parameter names
+    try:  # the registry's names, family and parameters (coolsd.methods.check_params: the one place)
+        check_method(name, world_cls.family, params)
+    except ParamError as e:
+        it = e.why if e.why.startswith("valid:") else f"it {e.why}"
+        raise ConfigError(f"method.{e.name}={e.value!r} is invalid: {it}") from None
     except ValueError as e:
         raise ConfigError(str(e)) from None
     check_dtypes(cfg)
     check_variant(cfg, world_cls)
-    # the files (coolsd.worlds.files: every missing one at once), then the device they would load on
-    require_files(cfg.target.name, world_cls.missing_files(cfg))
-    check_device(cfg)  # after the files: a run without weights lists them whatever the device
-    if out_dir is not None:
-        check_output_dir(out_dir, out_key)
+    return world_cls
 

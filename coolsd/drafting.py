@@ -569,22 +569,60 @@ def _gumbel(u: torch.Tensor) -> torch.Tensor:
     return -torch.log(-torch.log(u))
 
 
+DRAFTERS: dict = {}  # drafter kind (a method's registered ``drafter``) -> factory
+
+
+def register_drafter(kind: str):
+    """Register the factory of a drafter kind: ``factory(method, draft_model, sampling, vocab_size,
+    token_range, grid_width)`` -> a drafter (``ModelDrafter``'s interface) or None (no drafts)."""
+
+    def deco(fn):
+        if kind in DRAFTERS:
+            raise ValueError(f"drafter kind {kind!r} registered twice")
+        DRAFTERS[kind] = fn
+        return fn
+
+    return deco
+
+
 def build_drafter(method, draft_model: Optional[ARModel], sampling: SamplingConfig, vocab_size: int,
                   token_range=None, grid_width: Optional[int] = None):
-    """The drafter a method asks for: a model drafter, SJD's Jacobi drafter, or none (AR).
-    ``grid_width``: the image grid's width in tokens (SJD's spatial inits; None: no grid)."""
-    if method.drafter == "none":
-        return None
-    if method.drafter == "jacobi":
-        p = method.params
-        lo = p.get("active_start")
-        hi = p.get("active_end")
-        active = None if lo is None and hi is None else (lo or 0, hi if hi is not None else 1 << 62)
-        if "tree_width" in p:  # sjd_pac
-            return PACDrafter(vocab_size, p["window"], p["tree_width"], p["tree_depth"], token_range, active,
-                              p.get("init", "random"), grid_width)
-        return JacobiDrafter(vocab_size, p["window"], token_range, active, p.get("coupling"), p.get("init", "random"),
-                             grid_width)
+    """The drafter of a method's registered kind (``DRAFTERS``): a model drafter, SJD's Jacobi
+    drafter, SJD-PAC's, or none (AR). ``grid_width``: the image grid's width in tokens (SJD's
+    spatial inits; None: no grid)."""
+    if method.drafter not in DRAFTERS:
+        raise ValueError(f"method {method.name!r}: unknown drafter kind {method.drafter!r}; "
+                         f"registered: {', '.join(sorted(DRAFTERS))}")
+    return DRAFTERS[method.drafter](method, draft_model, sampling, vocab_size, token_range, grid_width)
+
+
+@register_drafter("none")
+def _no_drafter(method, draft_model, sampling, vocab_size, token_range, grid_width):
+    return None
+
+
+@register_drafter("model")
+def _model_drafter(method, draft_model, sampling, vocab_size, token_range, grid_width):
     if draft_model is None:
         raise ValueError(f"method {method.name!r} needs a drafter model; none is configured")
     return ModelDrafter(draft_model, sampling)
+
+
+def _active(p: dict):
+    """SJD's active range from a method's ``active_start`` / ``active_end`` (None: everywhere)."""
+    lo, hi = p.get("active_start"), p.get("active_end")
+    return None if lo is None and hi is None else (lo or 0, hi if hi is not None else 1 << 62)
+
+
+@register_drafter("jacobi")
+def _jacobi_drafter(method, draft_model, sampling, vocab_size, token_range, grid_width):
+    p = method.params
+    return JacobiDrafter(vocab_size, p["window"], token_range, _active(p), p.get("coupling"), p.get("init", "random"),
+                         grid_width)
+
+
+@register_drafter("pac")
+def _pac_drafter(method, draft_model, sampling, vocab_size, token_range, grid_width):
+    p = method.params
+    return PACDrafter(vocab_size, p["window"], p["tree_width"], p["tree_depth"], token_range, _active(p),
+                      p.get("init", "random"), grid_width)

@@ -1,7 +1,10 @@
 """Tiny components of the real classes, from one factory for every test (the diffusers pattern):
 random-weight files in the official layouts for every registered real world, tiny toy
-continuous weights, the engine-level tiny LlamaGen, and the Hydra overrides that point a world
-at its tiny files (``world_overrides``). conftest.py turns them into fixtures."""
+continuous weights, the in-memory tiny models of the model tests (LlamaGen GPT and both its
+variants, Chameleon LM and VQGAN, MAR and its DiffLoss head) and their random inputs, the tiny
+metric networks (CLIP, Inception-v3, moment features; ``tiny_models`` re-exports them), and the
+Hydra overrides that point a world at its tiny files (``world_overrides``). conftest.py turns
+them into fixtures. Each tiny component is built here only: a test that needs one imports it."""
 from __future__ import annotations
 
 import argparse
@@ -27,26 +30,84 @@ def _braced(d: dict) -> str:
     return "{" + ",".join(f"{k}:{json.dumps(list(v) if isinstance(v, tuple) else v)}" for k, v in d.items()) + "}"
 
 
-# ------------------------------------------------------------------------------ engine-level LlamaGen
-def engine_model(seed: int, dim: int = 64, n_layer: int = 2):
-    """A tiny float64 LlamaGen GPT with large weights (peaked distributions)."""
+# ------------------------------------------------------------------------------ random inputs
+def emitted_tokens(res, L: int, N: int):
+    """(sample b, token t, its depth j in its round (1 = the first), the round's max depth, the
+    prefix before t) of every token a loop result emitted (chain rounds of at most ``L`` drafts,
+    ``N`` tokens a sample): where the per-token signals of ``res`` are checked token by token."""
+    for b in range(res.tokens.shape[0]):
+        toks, t = res.tokens[b].tolist(), 0
+        for n_new in res.round_lengths[b]:
+            max_depth = min(L, N - t)
+            for j in range(1, n_new + 1):
+                yield b, t, j, max_depth, toks[:t]
+                t += 1
+        assert t == N
+
+
+def random_ids(*shape: int, high: int, seed: int = 2) -> torch.Tensor:
+    """Token ids uniform in [0, high), of ``shape``, from their own generator (not the global one)."""
+    return torch.randint(0, high, shape, generator=torch.Generator().manual_seed(seed))
+
+
+# ------------------------------------------------------------------------------ in-memory LlamaGen
+def llamagen_gpt(seed: int = 0, dtype=torch.float64, init_std: float = 0.15, norm_noise: float = 0.2,
+                 noise_dtype=None, **config):
+    """A tiny LlamaGen GPT (``coolsd.models.llamagen.tiny(**config)``: dim 64, 2 layers, 4 heads,
+    vocab 64, 8 text slots, caption dim 16, 4x4 grid), random weights (``torch.manual_seed(seed)``,
+    ``init_std``) and RMSNorm weights 1 + ``norm_noise`` N(0, 1) (untouched for 0), the noise drawn
+    in ``noise_dtype`` (default ``dtype``); in ``dtype``, eval mode. The defaults are the reference
+    tests' model (test_llamagen)."""
     from coolsd.models.llamagen import LlamaGenGPT, tiny
 
     torch.manual_seed(seed)
-    return LlamaGenGPT(tiny(dim=dim, n_layer=n_layer), init_std=0.2).double().eval()
+    model = LlamaGenGPT(tiny(**config), init_std=init_std).to(noise_dtype or dtype)
+    if norm_noise:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.copy_(1 + norm_noise * torch.randn_like(p))
+    return model.to(dtype).eval()
 
 
-def engine_cond(valid: list[int]) -> dict:
-    """Left-padded random caption embeddings with ``valid[b]`` valid text slots per sample."""
+def llamagen_variants(dtype=torch.float64, seed: int = 0) -> dict:
+    """variant -> the same tiny LlamaGen weights (``llamagen_gpt``, norm noise drawn in float32)
+    under each ``LlamaGenConfig.variant`` ("upstream", "lantern"), in ``dtype``, eval mode."""
+    from coolsd.models.llamagen import LlamaGenGPT
+
+    base = llamagen_gpt(seed, dtype=torch.float32)
+    out = {}
+    for v in ("upstream", "lantern"):
+        m = LlamaGenGPT(dataclasses.replace(base.config, variant=v))
+        m.load_state_dict(base.state_dict())
+        out[v] = m.to(dtype).eval()
+    return out
+
+
+def llamagen_cond(valid: list[int], dtype=torch.float64, seed: int = 1, draw_dtype=None) -> dict:
+    """Left-padded random caption embeddings of the tiny config (``tiny()``: 8 text slots, caption
+    dim 16) with ``valid[b]`` valid text slots at the end of row b, drawn in ``draw_dtype``
+    (default ``dtype``) from their own generator, returned in ``dtype``; and their mask."""
     from coolsd.models.llamagen import tiny
 
     cfg = tiny()
-    g = torch.Generator().manual_seed(sum(valid))
-    mask = torch.zeros(len(valid), cfg.cls_token_num, dtype=torch.bool)
+    T = cfg.cls_token_num
+    g = torch.Generator().manual_seed(seed)
+    caption = torch.randn(len(valid), T, cfg.caption_dim, generator=g, dtype=draw_dtype or dtype).to(dtype)
+    mask = torch.zeros(len(valid), T, dtype=torch.bool)
     for b, n in enumerate(valid):
-        mask[b, cfg.cls_token_num - n :] = True
-    return {"caption_embs": torch.randn(len(valid), cfg.cls_token_num, cfg.caption_dim, generator=g,
-                                        dtype=torch.float64), "emb_mask": mask}
+        mask[b, T - n :] = True  # left padded: valid slots at the end
+    return {"caption_embs": caption, "emb_mask": mask}
+
+
+def engine_model(seed: int, dim: int = 64, n_layer: int = 2):
+    """The engine tests' tiny float64 LlamaGen GPT: large weights (peaked distributions), plain norms."""
+    return llamagen_gpt(seed, init_std=0.2, norm_noise=0, dim=dim, n_layer=n_layer)
+
+
+def engine_cond(valid: list[int]) -> dict:
+    """The engine tests' captions: ``llamagen_cond`` seeded by ``sum(valid)``."""
+    return llamagen_cond(valid, seed=sum(valid))
 
 
 # ------------------------------------------------------------------------------ LlamaGen files
@@ -283,6 +344,43 @@ def mar_overrides(files: dict) -> list[str]:
             f"target.files.vae={files['vae']}", f"draft.files.checkpoint={files['draft']}"]
 
 
+# ------------------------------------------------------------------------------ in-memory MAR (test_mar)
+TINY_MAR_REFERENCE = dict(seq_len=16, token_dim=4, encoder_dim=32, encoder_depth=2, encoder_heads=4, decoder_dim=32,
+                          decoder_depth=2, decoder_heads=4, buffer_size=4, n_classes=10, head_width=32, head_depth=2)
+
+
+def mar_reference_cfg():
+    """The MARConfig of the tests against upstream's MAR code (test_mar)."""
+    from coolsd.models.mar import MARConfig
+
+    return MARConfig(**TINY_MAR_REFERENCE)
+
+
+def randomised(module, seed: int = 0, std: float = 0.1):
+    """Every parameter of ``module`` set to ``std`` N(0, 1) (in its dtype) from its own generator:
+    upstream zero-inits some, which would hide their terms."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * std)
+    return module
+
+
+def tiny_mar_reference(seed: int = 0, dtype=torch.float64):
+    """A MAR of ``mar_reference_cfg()`` in ``dtype``, eval mode, every parameter random (``randomised``)."""
+    from coolsd.models.mar import MAR
+
+    return randomised(MAR(mar_reference_cfg()).to(dtype).eval(), seed=seed)
+
+
+def tiny_mar_head(seed: int = 2, dtype=torch.float64):
+    """The DiffLoss MLP (``SimpleMLPAdaLN``) of ``mar_reference_cfg()``, eval mode, random (``randomised``)."""
+    from coolsd.models.mar import SimpleMLPAdaLN
+
+    c = mar_reference_cfg()
+    return randomised(SimpleMLPAdaLN(c.token_dim, c.head_width, c.decoder_dim, c.head_depth).to(dtype).eval(), seed=seed)
+
+
 # ------------------------------------------------------------------------------ toy continuous weights
 def build_tiny_toy_continuous(d: Path) -> Path:
     """Toy continuous weight files trained for 2 steps (the shipped ones: make toy-continuous-assets)."""
@@ -308,7 +406,6 @@ def tiny_metric_scorers(tmp_path: Path) -> dict:
 
     from coolsd.metrics.clip_score import ClipScorer
     from coolsd.metrics.reference import reference_statistics
-    from tiny_models import MomentFeatures, write_tiny_clip
 
     coco = tmp_path / "val2017"
     coco.mkdir()
@@ -320,3 +417,86 @@ def tiny_metric_scorers(tmp_path: Path) -> dict:
     return {"clip": ClipScorer.from_pretrained(write_tiny_clip(tmp_path / "clip")), "inception": feats,
             "reference": reference_statistics(sorted(coco.glob("*.jpg")), feats, tmp_path / "cache", "w"),
             "fid_resamples": 5}
+
+
+# ------------------------------------------------------------------------------ metric networks
+CLIP_WORDS = ["photo", "depicts", "cat", "dog", "red", "sits", "on", "the", "mat"]
+
+
+def write_tiny_bpe(d):
+    """vocab.json / merges.txt in CLIP's format: characters, their word-final ``</w>`` forms,
+    merge results building CLIP_WORDS, then SOT and EOT (EOT the largest id, as in CLIP)."""
+    import string
+
+    chars = list(string.ascii_lowercase) + [".", ","]
+    merges = []
+    for w in CLIP_WORDS:
+        syms = list(w[:-1]) + [w[-1] + "</w>"]
+        cur = syms[0]
+        for s in syms[1:]:
+            if (cur, s) not in merges:
+                merges.append((cur, s))
+            cur += s
+    toks = list(dict.fromkeys(chars + [c + "</w>" for c in chars] + [a + b for a, b in merges]))
+    toks += ["<|startoftext|>", "<|endoftext|>"]
+    vocab = {t: i for i, t in enumerate(toks)}
+    (d / "vocab.json").write_text(json.dumps(vocab))
+    (d / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
+    return vocab
+
+
+def write_tiny_clip(d):
+    """A tiny random CLIPModel + tokenizer files saved in folder ``d`` (from_pretrained layout)."""
+    from transformers import CLIPConfig, CLIPModel
+
+    vocab = write_tiny_bpe(d)
+    sot, eot = vocab["<|startoftext|>"], vocab["<|endoftext|>"]
+    cfg = CLIPConfig(
+        text_config=dict(vocab_size=len(vocab), hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+                         num_attention_heads=4, max_position_embeddings=77,
+                         bos_token_id=sot, eos_token_id=eot, pad_token_id=eot),
+        vision_config=dict(hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
+                           image_size=32, patch_size=8),
+        projection_dim=16)
+    torch.manual_seed(0)
+    CLIPModel(cfg).eval().save_pretrained(str(d))
+    return d
+
+
+def random_inception(seed: int = 0):
+    """The FID Inception-v3 with He-normal convs and non-trivial BatchNorm statistics, so
+    activations neither vanish nor explode through the 94 layers (PyTorch's default init gives
+    ~1e-8 features)."""
+    import torch.nn as nn
+
+    from coolsd.metrics.inception import InceptionV3
+
+    g = torch.Generator().manual_seed(seed)
+    model = InceptionV3()
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.Conv2d):
+                m.weight.normal_(0, (2 / m.weight[0].numel()) ** 0.5, generator=g)
+            elif isinstance(m, nn.BatchNorm2d):
+                m.weight.uniform_(0.5, 1.5, generator=g)
+                m.bias.uniform_(-0.2, 0.2, generator=g)
+                m.running_mean.uniform_(-0.2, 0.2, generator=g)
+                m.running_var.uniform_(0.5, 1.5, generator=g)
+        model.fc.weight.normal_(0, 0.02, generator=g)
+    return model.requires_grad_(False).eval()  # as load_inception returns it
+
+
+class MomentFeatures:
+    """A cheap deterministic feature extractor (the interface evaluate / reference use): per
+    channel mean, std and two quantiles of the image, 12 dims, any image size."""
+
+    name, protocol, feature_dim = "moments", "raw", 12
+
+    def __call__(self, images):
+        import numpy as np
+
+        out = []
+        for img in images:
+            x = np.asarray(img, np.float64).reshape(-1, 3) / 255
+            out.append(np.concatenate([x.mean(0), x.std(0), *np.quantile(x, [0.25, 0.75], axis=0)]))
+        return np.asarray(out).reshape(len(out), 12)

@@ -85,7 +85,7 @@ def test_mismatched_method_and_target_are_errors_before_work(assets, tmp_path):
         run(compose("target=toy", "method=cspd", f"+out_dir={tmp_path}"))
     with pytest.raises(ValueError, match="method=coolsd does not run on continuous targets.*continuous targets: ar, cspd"):
         run(compose("target=toy_continuous", "method=coolsd", f"+out_dir={tmp_path}"))
-    with pytest.raises(ValueError, match="unknown verify 'tree'"):
+    with pytest.raises(ValueError, match="method.verify='tree' is invalid: valid: parallel, prefix"):
         run(_toy(assets, tmp_path, "method.verify=tree"))
     with pytest.raises(ValueError, match=r"no parameter\(s\) \['delta'\]"):
         run(_toy(assets, tmp_path, "+method.delta=2"))

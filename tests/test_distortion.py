@@ -8,6 +8,7 @@ from coolsd.decoding.distortion import emitted_distribution, kl, tv
 from coolsd.decoding.lantern import neighbours_from_codebook
 from coolsd.decoding.rules import ExactRule, LanternRule, ScaledRule
 from coolsd.decoding.sampling import normalize
+from factories import emitted_tokens
 
 V, B = 12, 5
 
@@ -98,16 +99,9 @@ def test_loop_distortion_equals_independent_computation_in_the_lab(lab_pair, met
         assert float(res.step_tv.abs().max()) == 0.0 and float(res.step_kl.abs().max()) == 0.0
         return
     omega = [float(w) for w in m.rule.omega]
-    for b in range(64):
-        toks, t = res.tokens[b].tolist(), 0
-        for n_new in res.round_lengths[b]:
-            max_depth = min(L, P.N - t)
-            for j in range(1, n_new + 1):
-                prefix = toks[:t]
-                want = _independent_tv(P.probs(prefix), Q.probs(prefix), omega[j - 1]) if j <= max_depth else 0.0
-                assert abs(float(res.step_tv[b, t]) - want) < 1e-9, (b, t, j)
-                t += 1
-        assert t == P.N
+    for b, t, j, max_depth, prefix in emitted_tokens(res, L, P.N):
+        want = _independent_tv(P.probs(prefix), Q.probs(prefix), omega[j - 1]) if j <= max_depth else 0.0
+        assert abs(float(res.step_tv[b, t]) - want) < 1e-9, (b, t, j)
 
 
 @pytest.mark.parametrize("name", list(RULES))
@@ -132,19 +126,19 @@ def test_chain_distortion_batches_the_depths_exactly(name):
 @pytest.mark.parametrize("name", ["lantern_pp", "lantern_delta", "lantern_everyone"])
 @pytest.mark.parametrize("block", [1, 2, 16])
 def test_aggregation_over_the_vocabulary_is_bit_exact(monkeypatch, name, block, dtype):
-    """``_aggregate_all`` (the eager early exit over neighbour blocks, and the one-pass path)
+    """``lantern.aggregate_all`` (the eager early exit over neighbour blocks, and the one-pass path)
     returns LANTERN's own aggregation ``coolsd.decoding.lantern.aggregate`` bit for bit, and the
     emitted distribution through the blocked path still equals brute force."""
-    from coolsd.decoding import distortion
+    from coolsd.decoding import lantern
     from coolsd.decoding.lantern import aggregate
 
-    monkeypatch.setattr(distortion, "_FIRST_BLOCK", block)
+    monkeypatch.setattr(lantern, "_FIRST_BLOCK", block)
     rule = RULES[name]
     for seed in range(3):
         p, q = _dists(seed)
         p = torch.cat([p, torch.full((1, V), 1.0 / V, dtype=p.dtype)]).to(dtype)  # ties: equal neighbours
         want = aggregate(p, rule.nb_k, None, lam=rule.lam, delta=rule.delta)
-        got = distortion._aggregate_all(rule, p)
+        got = lantern.aggregate_all(p, rule.nb_k, lam=rule.lam, delta=rule.delta)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
         pi = emitted_distribution(rule, *_dists(seed), 1)
         torch.testing.assert_close(pi, _brute_force(rule, *_dists(seed), 1), rtol=0, atol=1e-12)

@@ -13,6 +13,7 @@ from coolsd.generate import speculative_generate
 from coolsd.models.kv_cache import KVCache
 from coolsd.models.llamagen import GPT_XL, LlamaGenGPT, LlamaGenTarget, tiny
 from coolsd.protocols import ARModel
+from factories import llamagen_cond as make_cond, llamagen_gpt as make_model, random_ids
 from protocol_checks import path_to, run_tree_round
 
 TOL = 1e-6
@@ -26,28 +27,9 @@ def cond_half(hidden: torch.Tensor) -> torch.Tensor:
     return hidden[:, :, 0] if hidden.dim() == 4 else hidden
 
 
-def make_model(seed: int = 0) -> LlamaGenGPT:
-    torch.manual_seed(seed)
-    model = LlamaGenGPT(CFG, init_std=0.15).double()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1 + 0.2 * torch.randn_like(p))
-    return model.eval()
-
-
-def make_cond(valid: list[int], seed: int = 1) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    B = len(valid)
-    caption = torch.randn(B, T, CFG.caption_dim, generator=g, dtype=torch.float64)
-    mask = torch.zeros(B, T, dtype=torch.bool)
-    for b, n in enumerate(valid):
-        mask[b, T - n :] = True  # left padded: valid slots at the end
-    return {"caption_embs": caption, "emb_mask": mask}
-
-
+# the model (make_model: float64, norms perturbed) and captions (make_cond) come from factories.py
 def random_tokens(*shape: int, seed: int = 2) -> torch.Tensor:
-    return torch.randint(0, CFG.vocab_size, shape, generator=torch.Generator().manual_seed(seed))
+    return random_ids(*shape, high=CFG.vocab_size, seed=seed)
 
 
 # ------------------------------------------------------------------------------ reference

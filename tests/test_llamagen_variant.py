@@ -20,6 +20,7 @@ from safetensors.torch import save_file
 
 from coolsd.loading import BadInputFile, MissingInputFile
 from coolsd.models.llamagen import LlamaGenConfig, LlamaGenGPT, LlamaGenTarget, load_gpt, tiny
+from factories import llamagen_cond, llamagen_variants as make_models, random_ids
 from test_llamagen import upstream_rope_table
 
 CFG = tiny()  # dim 64, 2 layers, 4 heads, vocab 64, 8 text slots, caption dim 16, 4x4 grid
@@ -28,33 +29,14 @@ VALID = [3, 6]  # valid text slots per sample (left padded): 5 and 2 padded slot
 
 
 # ------------------------------------------------------------------------------ fixtures
-def make_models(dtype=torch.float64, seed: int = 0) -> dict[str, LlamaGenGPT]:
-    """The same random weights under both variants."""
-    torch.manual_seed(seed)
-    base = LlamaGenGPT(CFG, init_std=0.15)
-    with torch.no_grad():
-        for name, p in base.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1 + 0.2 * torch.randn_like(p))
-    out = {}
-    for v in ("upstream", "lantern"):
-        m = LlamaGenGPT(replace(CFG, variant=v))
-        m.load_state_dict(base.state_dict())
-        out[v] = m.to(dtype).eval()
-    return out
-
-
+# make_models (the same random weights under both variants) comes from factories.py
 def make_cond(valid: list[int], dtype=torch.float64, seed: int = 1) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    caption = torch.randn(len(valid), T, CFG.caption_dim, generator=g).to(dtype)
-    mask = torch.zeros(len(valid), T, dtype=torch.bool)
-    for b, n in enumerate(valid):
-        mask[b, T - n:] = True
-    return {"caption_embs": caption, "emb_mask": mask}
+    """factories.llamagen_cond, drawn in float32 (as these tests' captions always were)."""
+    return llamagen_cond(valid, dtype, seed, draw_dtype=torch.float32)
 
 
 def tokens_(B: int, n: int = N, seed: int = 2) -> torch.Tensor:
-    return torch.randint(0, CFG.vocab_size, (B, n), generator=torch.Generator().manual_seed(seed))
+    return random_ids(B, n, high=CFG.vocab_size, seed=seed)
 
 
 # ------------------------------------------------------------------------------ reference

@@ -19,7 +19,8 @@ from coolsd.models.chameleon_vq import CHAMELEON_VQGAN, ChameleonVQ, load_vqgan
 from coolsd.models.kv_cache import KVCache
 from coolsd.models.lumina import ImageVocab, LuminaTarget, LuminaTokens, prompt_ids, prompt_text
 from coolsd.protocols import ARModel
-from factories import VMAP, code_name, lumina_cfg, lumina_vq_cfg, make_lm, make_vq, official_state_dict, vqgan_ckpt_dict
+from factories import (LUMINA_LATENT, N_CODES, VMAP, code_name, lumina_cfg, lumina_vq_cfg, make_lm, make_vq,
+                       official_state_dict, random_ids, vqgan_ckpt_dict)
 from protocol_checks import path_to, run_tree_round
 
 TOL = 1e-6
@@ -78,7 +79,7 @@ TREE = build_tree([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]])  # root + 6 nod
 
 
 def rand_ids(*shape, seed=2, high=CFG.vocab_size):
-    return torch.randint(0, high, shape, generator=torch.Generator().manual_seed(seed))
+    return random_ids(*shape, high=high, seed=seed)
 
 
 # ------------------------------------------------------------------------------ backbone
@@ -302,9 +303,8 @@ def test_vqgan_checkpoint_strict_loading(tmp_path):
 
 # ------------------------------------------------------------------------------ Lumina target
 
-HL = WL = 4  # 4 x 4 latent grid: 16 image tokens, a newline after tokens 3, 7, 11
-N = HL * WL
-N_CODES = 16
+HL = WL = LUMINA_LATENT  # 4 x 4 latent grid: 16 image tokens, a newline after tokens 3, 7, 11
+N = HL * WL  # N_CODES (16 image codes) from factories.py
 TOKENS = LuminaTokens(image_start=21, image_end=20, newline=22, grid_base=23, sep=26)
 
 

@@ -18,24 +18,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from coolsd.models.mar import MAR, MAR_CONFIGS, NULL_LABEL, MARConfig, SimpleMLPAdaLN, load_mar
+from coolsd.models.mar import MAR, MAR_CONFIGS, NULL_LABEL, MARConfig, load_mar
+from factories import mar_reference_cfg, tiny_mar_head, tiny_mar_reference
 
-TINY = MARConfig(seq_len=16, token_dim=4, encoder_dim=32, encoder_depth=2, encoder_heads=4, decoder_dim=32,
-                 decoder_depth=2, decoder_heads=4, buffer_size=4, n_classes=10, head_width=32, head_depth=2)
+TINY = mar_reference_cfg()  # 16 tokens of 4 dims, 32 wide, 2 + 2 blocks of 4 heads, buffer 4, head 32 x 2
 C, NB = TINY.token_dim, TINY.buffer_size
-
-
-def randomised(module, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.1)
-    return module
 
 
 @pytest.fixture(scope="module")
 def mar():
-    return randomised(MAR(TINY).double().eval())
+    return tiny_mar_reference()
 
 
 # ---------------------------------------------------------------- upstream, written out literally
@@ -138,7 +130,7 @@ def test_ragged_batch_equals_rows_alone(mar):
 
 
 def test_null_label_selects_fake_latent():
-    m = randomised(MAR(TINY).double().eval(), seed=4)
+    m = tiny_mar_reference(seed=4)
     tokens, known = inputs(1, 5).expand(3, -1, -1), random_known([6], 5).expand(3, -1)
     labels = torch.tensor([NULL_LABEL, 3, 4])
     with torch.no_grad():
@@ -153,7 +145,7 @@ def test_null_label_selects_fake_latent():
 # ---------------------------------------------------------------- DiffLoss head
 @pytest.fixture
 def head():
-    return randomised(SimpleMLPAdaLN(C, TINY.head_width, TINY.decoder_dim, TINY.head_depth).double().eval(), seed=2)
+    return tiny_mar_head(seed=2)
 
 
 def head_inputs(N=5):
@@ -195,7 +187,7 @@ class NotAllowed:  # not on torch.load's weights_only allow-list
 
 
 def _sd(seed):
-    return {k: v.clone() for k, v in randomised(MAR(TINY), seed=seed).state_dict().items()}
+    return {k: v.clone() for k, v in tiny_mar_reference(seed, dtype=torch.float32).state_dict().items()}
 
 
 def test_load_mar(tmp_path):

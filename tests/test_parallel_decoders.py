@@ -53,10 +53,10 @@ class _AlwaysAccept(Rule):
         return torch.where(p_res > 0, torch.inf, 0.0).to(p_res.dtype)
 
 
-@register_method("_always_accept_jacobi")
-def _always_accept_jacobi(ctx, window=4, coupling=None):
+@register_method("_always_accept_jacobi", drafter="jacobi", params={"window": 4, "coupling": None})
+def _always_accept_jacobi(ctx, window, coupling):
     """Negative control: Jacobi drafts accepted without a test."""
-    return _AlwaysAccept(), "jacobi", make_tree("chain", window - 1)
+    return _AlwaysAccept(), make_tree("chain", window - 1)
 
 
 @pytest.mark.slow
@@ -188,7 +188,7 @@ def test_gumbel_noise_is_computed_ahead_about_once_per_position_and_equals_its_r
 def test_unknown_coupling_is_refused():
     from coolsd.methods import build_method
 
-    with pytest.raises(ValueError, match="unknown mc_sjd coupling 'max'"):
+    with pytest.raises(ValueError, match=r"unknown coupling 'max'; valid: maximal, gumbel \(method mc_sjd\)"):
         build_method("mc_sjd", coupling="max", vocab_size=4)
 
 

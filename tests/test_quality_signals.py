@@ -139,10 +139,10 @@ def test_sampled_nll_is_within_noise_of_its_exact_expectation_on_the_toy_world(t
 
 def test_a_wrong_emitted_distribution_is_caught_by_the_nll_identity(toy_world, monkeypatch):
     """The negative control of the test above: the same COOL-SD (delta 3) run with its reported pi
-    replaced by p (what a lossless rule would emit: ``_gstar_emitted`` patched) fails the identity
-    (64 prompts: z > 4.5), so the test has the power to see a wrong pi."""
-    from coolsd.decoding import distortion
+    replaced by p (what a lossless rule would emit: ``rules.emitted_mixture`` patched) fails the
+    identity (64 prompts: z > 4.5), so the test has the power to see a wrong pi."""
+    from coolsd.decoding import rules
 
-    monkeypatch.setattr(distortion, "_gstar_emitted", lambda p, q, a: p)
+    monkeypatch.setattr(rules, "emitted_mixture", lambda p, accepted, residual: p)
     nll, xnll = _toy_signals(toy_world, "coolsd", {"delta": 3.0}, n=64, batch=16)
     assert _z(nll - xnll) > 4.5, float((nll - xnll).mean())

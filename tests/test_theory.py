@@ -21,10 +21,10 @@ class _AlwaysAccept(Rule):
         return torch.ones(p_res.shape[0], dtype=p_res.dtype), p_res
 
 
-@register_method("_always_accept")
+@register_method("_always_accept", drafter="model")
 def _always_accept(ctx):
     """Negative control: accepts every draft; must fail the losslessness test."""
-    return _AlwaysAccept(), "model", None
+    return _AlwaysAccept(), None
 
 
 LAB_CASES = [

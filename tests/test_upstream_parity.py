@@ -24,6 +24,7 @@ import torch
 from safetensors import safe_open
 
 from coolsd.drafters.eagle import EagleConfig, EagleDrafter, EagleHead
+from coolsd.drafters.eagle_lumina import LuminaEagleConfig, LuminaEagleHead
 from coolsd.models.chameleon import ChameleonConfig, ChameleonLM
 from coolsd.models.chameleon_vq import ChameleonVQ, VQConfig as ChameleonVQConfig
 from coolsd.models.llamagen import LlamaGenConfig, LlamaGenGPT, LlamaGenTarget
@@ -31,11 +32,6 @@ from coolsd.models.llamagen_vq import LlamaGenVQ, VQConfig
 from coolsd.models.lumina import ImageVocab, LuminaTarget, LuminaTokens
 from coolsd.protocols import StepOut
 from protocol_checks import run_tree_round
-
-try:
-    from coolsd.drafters.eagle_lumina import LuminaEagleConfig, LuminaEagleHead
-except ImportError:  # written by another change of issue 17 (item 1)
-    LuminaEagleHead = None
 
 FIXTURES = Path(__file__).parent / "fixtures" / "upstream"
 MANIFEST = json.loads((FIXTURES / "MANIFEST.json").read_text())
@@ -187,9 +183,6 @@ def lantern_to_ours(sd: dict, n_layer: int) -> dict:
     return out
 
 
-HAS_VARIANT = "variant" in getattr(LlamaGenConfig, "__dataclass_fields__", {})
-
-
 @pytest.fixture(scope="module")
 def lantern() -> Fixture:
     return load_fixture("lantern_llamagen")
@@ -242,7 +235,6 @@ def test_lantern_llamagen_valid_slots_and_image_logits_match_ours(lantern):
                  "LANTERN teacher-forced image logits")
 
 
-@pytest.mark.skipif(not HAS_VARIANT, reason="LlamaGenConfig has no `variant` field yet (issue 17 item 3)")
 def test_lantern_fixture_passes_with_variant_lantern(lantern):
     """variant="lantern" reproduces LANTERN's run (its bf16 mask constants) at EVERY text slot,
     padded ones included, in the prefill and in the teacher-forced sequence its drafter-training
@@ -256,7 +248,6 @@ def test_lantern_fixture_passes_with_variant_lantern(lantern):
     assert_close(hidden[:B], lantern.out["full_hidden"][:B], lantern.tol, "teacher-forced hidden, variant=lantern")
 
 
-@pytest.mark.skipif(not HAS_VARIANT, reason="LlamaGenConfig has no `variant` field yet (issue 17 item 3)")
 def test_lantern_fixture_fails_with_variant_upstream(lantern):
     """LANTERN's mask has no diagonal for padded slots: upstream's behaviour (a padded slot sees
     itself only) must NOT reproduce LANTERN's prefill features. The difference is in the padded
@@ -270,7 +261,6 @@ def test_lantern_fixture_fails_with_variant_upstream(lantern):
     assert_close(got[valid], want[valid], lantern.tol, "valid slots, variant=upstream")
 
 
-@pytest.mark.skipif(not HAS_VARIANT, reason="LlamaGenConfig has no `variant` field yet (issue 17 item 3)")
 def test_variants_coincide_on_zero_padded_caption_rows(lantern):
     """Pinned finding: where the padded caption slots are ZERO (the cond rows, as sample_t2i.py and
     LANTERN's generate_train_data.py build them), a padded slot's embedding, query, key and value are
@@ -284,7 +274,6 @@ def test_variants_coincide_on_zero_padded_caption_rows(lantern):
                      f"cond prefill rows, variant={variant}")
 
 
-@pytest.mark.skipif(not HAS_VARIANT, reason="LlamaGenConfig has no `variant` field yet (issue 17 item 3)")
 def test_lantern_plain_fp32_mask_is_not_the_lantern_variant(lantern):
     """Documented limit of variant="lantern": it reproduces LANTERN's bf16 runs. A plain fp32 run
     of LANTERN's code (both mask minima equal) lets a padded slot average later VALID slots too
@@ -488,7 +477,6 @@ def test_kl16_decoder_matches_upstream():
 
 
 # ------------------------------------------------------------------------------------ LANTERN EAGLE head, Lumina
-@pytest.mark.skipif(LuminaEagleHead is None, reason="coolsd.drafters.eagle_lumina does not exist yet (issue 17 item 1)")
 def test_lantern_eagle_head_for_lumina_matches_upstream():
     """cnets_lumina_mgpt.Model whole-sequence forward (layer 0 keeps input_layernorm; q/k norms
     (1, head_dim) shared by the heads; 1D RoPE at positions 0..L-1), LANTERN's keys, strict."""

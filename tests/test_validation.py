@@ -7,7 +7,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from coolsd.decoding.trees import build_tree, make_tree
-from coolsd.methods import build_method, method_names, method_params
+from coolsd.methods import build_method, method_info, method_names, method_params
 from coolsd.theory import TabularAR, exact_stats, sample_stats
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
@@ -92,7 +92,7 @@ def test_every_method_config_matches_its_registry_entry():
     from coolsd.methods.cspd import ContinuousMethod
 
     names = sorted(p.stem for p in Path(CONF, "method").glob("*.yaml"))
-    assert names == [n for n in method_names() if not n.startswith("_")]
+    assert names == [n for n in method_names() if method_info(n).builtin]
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         for name in names:
             cfg = compose("config", overrides=[f"method={name}"])

@@ -146,6 +146,66 @@ def aggregate(
     return px + c_star, count > 0
 
 
+# neighbour columns of the first block of the eager early-exit aggregation (``aggregate_all``)
+_FIRST_BLOCK = 16
+# eager aggregation over the vocabulary goes token-major (``token_major``, bit for bit the same
+# values) from this many rows on: measured on the toy world (V = 512, k = 10), the same time either
+# way at 16 rows, 0.7x token-major at 64 rows (a deferred-signal call: ~80 rows)
+_TOKEN_MAJOR_FROM = 16
+
+
+def aggregate_all(p: torch.Tensor, nb: torch.Tensor, *, lam=None, delta=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(p~, relaxed) at every token, each (N, V): ``aggregate(p, nb, None, lam=lam, delta=delta)``
+    (== ``rules.LanternRule.numerator``), which it calls with k <= 32 (LANTERN++'s k = 10) or
+    compiled (static shapes, no host reads); eager with many rows and k <= UNROLL_MAX,
+    ``aggregate_token_major`` on the transpose gives the same values bit for bit. In eager
+    mode with a larger k (LANTERN's k = 1000) it gives the same values bit for bit at a fraction of
+    the cost: c_m = sum_{j<=m} p(n_j(x)) is
+    non-decreasing in m, so the admissible m (c_m <= budget) form a prefix and m* is their count;
+    the neighbour columns come in blocks (16, then doubling), each computed only for the (row,
+    token) pairs whose prefix is still admissible through the previous block, from their float64
+    partial sum (the CPU's ``cumsum`` of a float32 tensor accumulates in float64 and rounds each
+    partial sum, so this reproduces it), and most neighbours are never read. It serves the exact
+    distortion (``rules.LanternRule.emitted``); the rule's sampling step keeps ``aggregate``."""
+    N, V = p.shape
+    k = nb.shape[1]
+    if token_major(p, nb, _TOKEN_MAJOR_FROM):  # eager rows in bulk, k <= UNROLL_MAX: bit for bit
+        p_tilde, relaxed = aggregate_token_major(p.t().contiguous(), nb, lam=lam, delta=delta)
+        return p_tilde.t().contiguous(), relaxed.t().contiguous()
+    if compiling() or k <= 2 * _FIRST_BLOCK:  # every column at once: the rule's own aggregation
+        return aggregate(p, nb, None, lam=lam, delta=delta)
+    budget = (lam - 1) * p if lam is not None else torch.full_like(p, delta)
+    first = _FIRST_BLOCK
+    c = at_neighbours(p, nb[:, :first]).to(torch.float64).cumsum(-1)  # (N, V, first): c_1..c_first
+    count = admissible_count(c.to(p.dtype), budget.unsqueeze(-1))
+    relaxed = count > 0  # m* > 0
+    c_star = torch.where(relaxed, c.gather(-1, (count - 1).clamp(min=0).unsqueeze(-1)).squeeze(-1), 0.0)
+    # eager, large k: continue the prefixes admissible through the whole block
+    c_star, count, c = c_star.reshape(-1), count.reshape(-1), c.view(N * V, first)
+    rows = (count == first).nonzero().squeeze(1)  # flat (n, x) pairs, n * V + x
+    carry = c[rows, -1]  # their partial sum c_start, float64
+    start, width = first, 2 * _FIRST_BLOCK
+    while start < k and rows.numel():
+        stop = min(start + width, k)
+        idx = (rows - rows % V).unsqueeze(1) + nb[rows % V, start:stop]  # flat index of p(n_j(x))
+        cb = torch.cat([carry.unsqueeze(1), p.reshape(-1)[idx].to(torch.float64)], 1).cumsum(1)[:, 1:]
+        cnt = admissible_count(cb.to(p.dtype), budget.reshape(-1)[rows].unsqueeze(1))
+        hit = cnt > 0
+        c_star[rows[hit]] = cb[hit].gather(1, (cnt[hit] - 1).unsqueeze(1)).squeeze(1)
+        full = cnt == stop - start
+        rows, carry = rows[full], cb[full, -1]
+        start, width = stop, 2 * width
+    c_star = c_star.view(N, V)
+    return p + c_star.to(p.dtype), relaxed
+
+
+def vocab_sum(xT: torch.Tensor) -> torch.Tensor:
+    """(1, N): the sum over the vocabulary of xT (V, N), taken on the row-major copy, whose row sums
+    do not depend on N; a reduction along dim 0 does (measured: 124 of 300 columns of a (512, 300)
+    tensor summed alone differ in the last bit from the same columns summed together)."""
+    return xT.t().contiguous().sum(-1).unsqueeze(0)
+
+
 def token_major(p: torch.Tensor, nb: torch.Tensor, rows_from: int) -> bool:
     """Whether eager all-vocabulary kernels on p (N, V) should work on its transpose (V, N)
     (``aggregate_token_major``, ``neighbour_sum_token_major``, ``reverse_sum_token_major``): there,
@@ -153,8 +213,8 @@ def token_major(p: torch.Tensor, nb: torch.Tensor, rows_from: int) -> bool:
     instead of an element gather, and sums over the k neighbours accumulate one column at a time in
     place, with no (N, V, k) tensor. For eager float32 / float64 p with at least ``rows_from`` rows
     (below, the (N, V, k) form's fewer ops cost less) and k <= UNROLL_MAX (LANTERN's k = 1000 keeps
-    the blocked early exit of ``distortion._aggregate_all``). The LANTERN rule itself keeps
-    ``aggregate``: these serve the exact distortion (``coolsd.decoding.distortion``)."""
+    the blocked early exit of ``aggregate_all``). The LANTERN rule's sampling step keeps
+    ``aggregate``: these serve its exact distortion (``rules.LanternRule.emitted``)."""
     return (not compiling() and p.dim() == 2 and p.shape[0] >= rows_from and nb.shape[1] <= UNROLL_MAX
             and p.dtype in (torch.float32, torch.float64))
 
@@ -202,7 +262,7 @@ def admissible_count(c: torch.Tensor, budget: torch.Tensor) -> torch.Tensor:
     """m* = #{m : c_m <= budget} (..., ) for c (..., k) non-decreasing along its last dim (partial
     sums of probabilities, rounded monotonically) and budget (..., 1): a binary search per row,
     equal to ``(c <= budget).sum(-1)`` without materialising the (..., k) comparison and its int64
-    sum (6x less time for the all-vocabulary aggregation of ``distortion._aggregate_all``)."""
+    sum (6x less time for the all-vocabulary aggregation of ``aggregate_all``)."""
     return torch.searchsorted(c.contiguous(), budget.to(c.dtype).contiguous(), right=True).squeeze(-1)
 
 

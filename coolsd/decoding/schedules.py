@@ -12,13 +12,6 @@ SCHEDULES = ("uniform", "exp", "exp_geomean", "linear", "toward_one")
 EXP_NORMALIZATIONS = ("mean", "geomean")
 
 
-def check_positive_finite(name: str, value: float) -> float:
-    value = float(value)
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return value
-
-
 def omega_schedule(
     schedule: str,
     delta: float,
@@ -27,7 +20,8 @@ def omega_schedule(
     slope: float | None = None,
     normalize: str = "mean",
 ) -> torch.Tensor:
-    """omega_1..omega_L as a float64 tensor of shape (L,).
+    """omega_1..omega_L as a float64 tensor of shape (L,); delta > 0 and nu >= 0 finite (the
+    methods' parameters, checked by the registry: ``coolsd.methods.relaxed``).
 
     - ``uniform``: omega_d = delta (UniformRSD).
     - ``exp`` (COOL-SD): omega_d = delta * exp(-nu*d - mu). The paper note does not state mu
@@ -40,13 +34,9 @@ def omega_schedule(
       relaxation decays toward vanilla verification (omega = 1) without crossing it (from
       above for delta > 1, from below for delta < 1); delta = 1 gives omega = 1 exactly (EAGLE).
     """
-    delta = check_positive_finite("delta", delta)
     if int(length) < 1:
         raise ValueError(f"draft length must be >= 1, got {length!r}")
-    L = int(length)
-    nu = float(nu)
-    if not math.isfinite(nu) or nu < 0:
-        raise ValueError(f"nu must be a finite number >= 0, got {nu!r}")
+    L, delta, nu = int(length), float(delta), float(nu)
     d = torch.arange(1, L + 1, dtype=torch.float64)
     if schedule == "uniform":
         return torch.full((L,), delta, dtype=torch.float64)

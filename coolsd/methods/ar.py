@@ -3,10 +3,10 @@ from coolsd.decoding.trees import EMPTY_TREE
 from coolsd.methods.registry import register_method
 
 
-@register_method("ar", families=("discrete", "continuous"))
+@register_method("ar", families=("discrete", "continuous"), lossless=True, drafter="none")
 def ar(ctx):
+    """The target alone, one token a forward (the speed-up reference)."""
     if ctx.family == "continuous":
         from coolsd.methods.cspd import ContinuousMethod
-
         return ContinuousMethod(name="ar")
-    return None, "none", EMPTY_TREE
+    return None, EMPTY_TREE

@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from coolsd.continuous.generate import ar_generate, check_settings, cspd_generate
-from coolsd.methods.registry import register_method
+from coolsd.continuous.generate import MODES, VERIFY, ar_generate, check_settings, cspd_generate
+from coolsd.methods.registry import Param, register_method
 
 CONTINUOUS_METHODS = ("ar", "cspd")
 
@@ -58,7 +58,15 @@ class ContinuousMethod:
                              inner_temperature=self.inner_temperature)
 
 
-@register_method("cspd", families=("continuous",))
-def cspd(ctx, gamma=8, mode="paper", verify="parallel", prefill=0.05, max_rounds=100, final_std=None,
-         inner_temperature=1.0):
+@register_method("cspd", families=("continuous",), lossless=lambda p: p["mode"] == "exact", params={
+    "gamma": Param(8, int, low=1, doc="drafted tokens a round"),
+    "mode": Param("paper", str, choices=MODES, doc="paper: the paper's rule; exact: the exact-prefix rule"),
+    "verify": Param("parallel", str, choices=VERIFY),
+    "prefill": Param(0.05, float, low=0, high=1, doc="the fraction of tokens the target makes first"),
+    "max_rounds": Param(100, int, low=1, doc="rejection-sampling rounds before a fallback"),
+    "final_std": Param(None, float, low=0, low_open=True, nullable=True),
+    "inner_temperature": Param(1.0, float, low=0, low_open=True),
+})
+def cspd(ctx, gamma, mode, verify, prefill, max_rounds, final_std, inner_temperature):
+    """Continuous speculative decoding: a draft diffusion-head model's tokens verified by the target's."""
     return ContinuousMethod("cspd", gamma, mode, verify, prefill, max_rounds, final_std, inner_temperature)

@@ -3,6 +3,7 @@ from coolsd.decoding.rules import ExactRule
 from coolsd.methods.registry import register_method
 
 
-@register_method("eagle")
+@register_method("eagle", lossless=True, drafter="model")
 def eagle(ctx):
-    return ExactRule(), "model", None
+    """EAGLE-1: a model-drafted tree, verified with recursive rejection."""
+    return ExactRule(), None

@@ -1,28 +1,24 @@
 """LANTERN (absolute TV budget delta <= 1) and LANTERN++ (relative budget lam), METHODS.md 3."""
 from coolsd.decoding.rules import LanternRule
-from coolsd.methods.registry import register_method, require, require_finite
+from coolsd.methods.registry import Param, register_method, require
 
-RESAMPLE = ("lantern", "gstar")
-
-
-def _common(ctx, k, resample):
-    require(isinstance(k, int) and not isinstance(k, bool) and k >= 1, f"k must be an integer >= 1, got {k!r}")
-    require(resample in RESAMPLE, f"unknown resample {resample!r}; valid: {', '.join(RESAMPLE)}")
-    require(
-        ctx.neighbours is not None,
-        "LANTERN needs latent neighbourhoods: the target's tokenizer must provide a codebook",
-    )
+RESAMPLE = Param("lantern", str, choices=("lantern", "gstar"), doc="LANTERN's own residual or COOL-SD's G*")
 
 
-@register_method("lantern")
-def lantern(ctx, delta=0.1, k=1000, resample="lantern"):
-    _common(ctx, k, resample)
-    delta = require_finite("delta", delta, low=0, low_inclusive=False, high=1.0)
-    return LanternRule(ctx.neighbours, k, delta=delta, resample=resample), "model", None
+def _neighbours(ctx):
+    require(ctx.neighbours is not None, "LANTERN needs latent neighbourhoods: the target's tokenizer must provide a codebook")
+    return ctx.neighbours
 
 
-@register_method("lantern_pp")
-def lantern_pp(ctx, lam=2.0, k=10, resample="lantern"):
-    _common(ctx, k, resample)
-    lam = require_finite("lam", lam, low=1)
-    return LanternRule(ctx.neighbours, k, lam=lam, resample=resample), "model", None
+@register_method("lantern", params={"delta": Param(0.1, float, low=0, low_open=True, high=1.0),
+                                    "k": Param(1000, int, low=1, doc="neighbours per token"), "resample": RESAMPLE})
+def lantern(ctx, delta, k, resample):
+    """LANTERN: the acceptance mass of a neighbourhood within TV budget delta."""
+    return LanternRule(_neighbours(ctx), k, delta=float(delta), resample=resample), None
+
+
+@register_method("lantern_pp", params={"lam": Param(2.0, float, low=1),
+                                       "k": Param(10, int, low=1, doc="neighbours per token"), "resample": RESAMPLE})
+def lantern_pp(ctx, lam, k, resample):
+    """LANTERN++: a static neighbourhood of k tokens, relative budget lam."""
+    return LanternRule(_neighbours(ctx), k, lam=float(lam), resample=resample), None

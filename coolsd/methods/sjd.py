@@ -14,32 +14,45 @@ candidates drawn without replacement ("proactive drafting"; ``coolsd.drafting.PA
 docs/sjd_pac.md). Lossless with that bookkeeping (the lab's chi-square tests)."""
 from coolsd.decoding.rules import ExactRule
 from coolsd.decoding.trees import make_tree, pac_tree
-from coolsd.methods.registry import register_method, require
+from coolsd.methods.registry import Param, register_method
 
 INITS = ("random", "repeat_horizon", "sample_horizon", "vertical_repeat")  # coolsd.drafting.JacobiDrafter
+# the Jacobi window's parameters, shared by every method of SJD's family (sjd, mc_sjd, sjd_pac, gsd)
+WINDOW = {
+    "window": Param(16, int, low=2, doc="W: the root and W-1 drafts a round"),
+    "init": Param("random", str, choices=INITS, doc="what the top-up drafts are"),
+    "active_start": Param(None, int, low=0, nullable=True, doc="Jacobi window only from this token on"),
+    "active_end": Param(None, int, low=0, nullable=True, doc="... and before this one"),
+}
+COUPLINGS = ("maximal", "gumbel")
 
 
-def _jacobi(name, window, init):
-    require(isinstance(window, int) and window >= 2, f"{name} window must be an integer >= 2, got {window!r}")
-    require(init in INITS, f"unknown {name} init {init!r}; valid: {', '.join(INITS)}")
-    return ExactRule(), "jacobi", make_tree("chain", window - 1)
+def chain(window: int):
+    """SJD's tree: a chain of the window's W-1 drafts."""
+    return make_tree("chain", window - 1)
 
 
-@register_method("sjd")
-def sjd(ctx, window=16, init="random", active_start=None, active_end=None):
-    return _jacobi("sjd", window, init)
+@register_method("sjd", lossless=True, drafter="jacobi", params=WINDOW)
+def sjd(ctx, window, init, active_start, active_end):
+    """SJD: each round's drafts are the previous round's target samples, drawn independently."""
+    return ExactRule(), chain(window)
 
 
-@register_method("mc_sjd")
-def mc_sjd(ctx, window=16, coupling="maximal", init="random", active_start=None, active_end=None):
-    require(coupling in ("maximal", "gumbel"), f"unknown mc_sjd coupling {coupling!r}; valid: maximal, gumbel")
-    return _jacobi("mc_sjd", window, init)
+@register_method("mc_sjd", lossless=True, drafter="jacobi",
+                 params={**WINDOW, "coupling": Param("maximal", str, choices=COUPLINGS)})
+def mc_sjd(ctx, window, init, active_start, active_end, coupling):
+    """MC-SJD: SJD with each position's draws coupled across rounds."""
+    return ExactRule(), chain(window)
 
 
-@register_method("sjd_pac")
-def sjd_pac(ctx, window=16, tree_width=4, tree_depth=3, init="random", active_start=None, active_end=None):
-    rule, drafter, _ = _jacobi("sjd_pac", window, init)
-    require(isinstance(tree_width, int) and tree_width >= 1, f"sjd_pac tree_width must be an integer >= 1, got {tree_width!r}")
-    require(isinstance(tree_depth, int) and 1 <= tree_depth <= window,
-            f"sjd_pac tree_depth must be an integer in 1..window ({window}), got {tree_depth!r}")
-    return rule, drafter, pac_tree(window, tree_width, tree_depth)
+def _pac_depth(p):
+    if p["tree_depth"] > p["window"]:
+        raise ValueError(f"sjd_pac tree_depth must be <= window ({p['window']}), got {p['tree_depth']!r}")
+
+
+@register_method("sjd_pac", lossless=True, drafter="pac", checks=(_pac_depth,),
+                 params={**WINDOW, "tree_width": Param(4, int, low=1, doc="candidates at each branching depth"),
+                         "tree_depth": Param(3, int, low=1, doc="branching depths + 1 (<= window)")})
+def sjd_pac(ctx, window, init, active_start, active_end, tree_width, tree_depth):
+    """SJD-PAC: MC-SJD's maximal coupling on a tree of candidates drawn without replacement."""
+    return ExactRule(), pac_tree(window, tree_width, tree_depth)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from coolsd.methods import method_info
 from coolsd.records import read_records, write_json_atomic
 from coolsd.report.compare import paired_comparison
 from coolsd.report.paper import tag_of
@@ -42,7 +43,6 @@ SOTA_ROWS = [
     ("SJD-PAC (width 4, depth 3)", "sjd_pac", {}),
     ("GSD (G=14)", "gsd", {"G": 14}),
 ]
-JACOBI = ("sjd", "mc_sjd", "sjd_pac", "gsd")
 TOY_WINDOW = 8
 
 # each paper's own numbers on Lumina-mGPT / LlamaGen-XL, with the protocol they were measured under
@@ -77,7 +77,7 @@ def rows_for(target: str) -> list[tuple[str, str, str, dict]]:
     out = []
     for label, method, params in SOTA_ROWS:
         p = dict(params)
-        if target == "toy" and method in JACOBI:
+        if target == "toy" and method_info(method).jacobi:
             p.setdefault("window", TOY_WINDOW)
         out.append((label, tag_of(method, params), method, p))
     return out

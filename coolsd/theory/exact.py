@@ -46,6 +46,12 @@ def kl_divergence(a: np.ndarray, b: np.ndarray) -> float:
 
 
 class ChainOracle:
+    """Exact chain-drafting statistics by explicit enumeration, an implementation of each method's
+    acceptance and residual of its own (independent of ``coolsd.decoding.rules``), for the methods
+    it implements, ``METHODS``."""
+
+    METHODS = ("eagle", "uniform_rsd", "coolsd", "lantern", "lantern_pp")
+
     def __init__(self, target, draft, method: str, params: dict, omega, neighbours, L: int):
         self.P, self.Q = target, draft
         self.V, self.N, self.L = target.V, target.N, L

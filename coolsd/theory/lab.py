@@ -8,12 +8,17 @@ from coolsd.decoding.lantern import neighbours_from_codebook
 from coolsd.decoding.rng import SharedRNG
 from coolsd.drafting import SamplingConfig, build_drafter
 from coolsd.generate import speculative_generate
-from coolsd.methods import build_method
+from coolsd.methods import build_method, method_info
 from coolsd.theory.exact import ChainOracle, kl_divergence
 from coolsd.theory.stats import total_variation
 from coolsd.theory.tabular import TabularAR
 
-EXACT_METHODS = ("ar", "eagle", "uniform_rsd", "coolsd", "lantern", "lantern_pp")
+
+
+def has_exact_stats(method: str) -> bool:
+    """Whether ``exact_stats`` computes ``method`` (plain AR, or a method the independent
+    ``ChainOracle`` implements); the others are sampled (``sample_stats``)."""
+    return method == "ar" or method in ChainOracle.METHODS
 
 
 def _check_pair(target: TabularAR, draft: TabularAR):
@@ -26,9 +31,9 @@ def _check_pair(target: TabularAR, draft: TabularAR):
 
 
 def _method(target, method, draft_length, tree, params):
-    if method in ("sjd", "mc_sjd", "sjd_pac", "gsd") and "window" not in params:
+    if method_info(method).jacobi and "window" not in params:
         params = {**params, "window": int(draft_length) + 1}
-    nb = neighbours_from_codebook(target.codebook) if method in ("lantern", "lantern_pp") else None
+    nb = neighbours_from_codebook(target.codebook)  # LANTERN's neighbourhoods (other methods ignore them)
     return build_method(method, tree=tree, draft_length=draft_length, neighbours=nb, vocab_size=target.V, **params)
 
 
@@ -36,10 +41,10 @@ def _oracle(target: TabularAR, draft: TabularAR, method: str, draft_length: int,
     """The independent oracle of the built method ``m``: it takes only data from ``m`` (the omega
     schedule; the neighbour table is rebuilt from the codebook). ``ar`` drafts nothing: exact_stats
     answers it directly."""
-    if method not in EXACT_METHODS:
+    if not has_exact_stats(method):
         raise ValueError(
-            f"exact_stats supports {', '.join(EXACT_METHODS)}; {method!r} carries drafts between rounds, "
-            "so its rounds are not a function of the prefix alone: use sample_stats"
+            f"exact_stats supports ar, {', '.join(ChainOracle.METHODS)}; for {method!r} (a method that carries "
+            "drafts between rounds is not a function of the prefix alone) use sample_stats"
         )
     omega = getattr(m.rule, "omega", None)
     nb = None if getattr(m.rule, "nb_k1", None) is None else neighbours_from_codebook(target.codebook)

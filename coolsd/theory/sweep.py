@@ -1,7 +1,9 @@
 """Exact TV against accepted length for every method and schedule on seeded random tabular
 pairs: the COOL-SD trade-off (Prop. 2: annealed omega beats uniform at equal acceptance),
 computed exactly, with no sampling noise; the training-free parallel decoders (SJD, MC-SJD, GSD)
-beside them from sampled runs of the production loop (``SAMPLED_CURVES``)."""
+beside them from sampled runs of the production loop (``SAMPLED_CURVES``). Any registered method,
+one from outside the package included, joins as a curve of its own: ``python -m coolsd.theory
+--include PATH --curve NAME KEY=V1,V2,...`` (exact where ``exact_stats`` covers it, else sampled)."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from coolsd.theory.lab import exact_stats, sample_stats
+from coolsd.methods import check_params, method_info
+from coolsd.theory.lab import exact_stats, has_exact_stats, sample_stats
 from coolsd.theory.stats import total_variation
 from coolsd.theory.tabular import TabularAR
 
@@ -73,9 +76,63 @@ def sampled_rows(P, seed: int, draft_length: int, n: int) -> list[dict]:
     return rows
 
 
-def run_sweep(vocab=4, length=5, draft_length=4, mix=0.4, seeds=(0, 1, 2), n_sampled=N_SAMPLED) -> pd.DataFrame:
+def parse_curve(words: list[str]) -> tuple[str, list[dict]]:
+    """``--curve NAME KEY=V1,V2,... [KEY2=W]``: (label, the points' parameters). Values are numbers
+    where they parse as one (else strings, ``null`` = None); a key with one value holds it at every
+    point, the others must list as many values as each other."""
+    if not words:
+        raise ValueError("--curve needs a method name, then KEY=V1,V2,... (e.g. --curve coolsd delta=1.5,2)")
+    name, specs = words[0], words[1:]
+    method_info(name)  # a ValueError naming the valid methods
+    cols = {}
+    for spec in specs:
+        key, eq, values = spec.partition("=")
+        if not eq or not values:
+            raise ValueError(f"--curve {name}: {spec!r} is not KEY=V1,V2,...")
+        cols[key] = [_value(v) for v in values.split(",")]
+    n = max((len(v) for v in cols.values()), default=1)
+    if any(len(v) not in (1, n) for v in cols.values()):
+        raise ValueError(f"--curve {name}: the swept keys list different numbers of values: {cols}")
+    points = [{k: v[i] if len(v) > 1 else v[0] for k, v in cols.items()} for i in range(n)]
+    return " ".join(words), points
+
+
+def _value(text: str):
+    if text == "null":
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def curve_rows(label: str, method: str, points: list[dict], seed, P, Q, draft_length: int, n: int) -> list[dict]:
+    """One curve's rows on one pair: exact where ``exact_stats`` covers the method, else ``n``
+    sampled sequences of the production loop (a Jacobi method drafts from the target itself)."""
+    rows = []
+    for i, params in enumerate(points):
+        swept = [v for v in params.values() if isinstance(v, (int, float))]
+        param = float(swept[0]) if swept else float(i)
+        if has_exact_stats(method):
+            st = _exact(exact_stats(P, Q, method, draft_length, **params))
+            rows.append({"curve": label, "seed": seed, "method": method, "param": param, **st})
+        else:
+            jacobi = method_info(method).jacobi
+            st = sample_stats(P, P if jacobi else Q, method, draft_length, n, seed=seed, **params)
+            rows.append({"curve": label, "seed": seed, "method": method, "param": param,
+                         "tv": st["tv_to_target"], "accepted_length": st["accepted_length"], "sampled": True})
+    return rows
+
+
+def run_sweep(vocab=4, length=5, draft_length=4, mix=0.4, seeds=(0, 1, 2), n_sampled=N_SAMPLED,
+              extra: tuple = ()) -> pd.DataFrame:
+    """Every curve on every pair; ``extra``: (label, method, points) curves of any registered method."""
     rows = []
     for seed, P, Q in lab_pairs(vocab, length, mix, seeds):
+        for label, method, points in extra:
+            rows += curve_rows(label, method, points, seed, P, Q, draft_length, n_sampled or N_SAMPLED)
         if n_sampled:
             rows += sampled_rows(P, seed, draft_length, n_sampled)
         base = exact_stats(P, Q, "eagle", draft_length)
@@ -123,8 +180,23 @@ def main(argv=None):
     ap.add_argument("--n-sampled", type=int, default=N_SAMPLED,
                     help="sequences per sampled point of the parallel decoders (0: exact curves only)")
     ap.add_argument("--out", type=Path, default=Path("results/theory"))
+    ap.add_argument("--include", action="append", default=[], metavar="PATH",
+                    help="a Python file or folder of them that registers methods (coolsd.plugins)")
+    ap.add_argument("--curve", action="append", nargs="+", default=[], metavar="WORD",
+                    help="NAME KEY=V1,V2,...: a curve of any registered method (repeatable)")
     a = ap.parse_args(argv)
-    df = run_sweep(a.vocab, a.length, a.draft_length, a.mix, a.seeds, a.n_sampled)
+    from coolsd import plugins
+    from coolsd.errors import ConfigError
+
+    try:
+        plugins.load(a.include)
+        extra = [(label, words[0], points) for words in a.curve for label, points in [parse_curve(words)]]
+        for _, method, points in extra:
+            for params in points:
+                check_params(method, params)
+    except (ValueError, ConfigError) as e:
+        ap.error(str(e))
+    df = run_sweep(a.vocab, a.length, a.draft_length, a.mix, a.seeds, a.n_sampled, extra)
     a.out.mkdir(parents=True, exist_ok=True)
     df.to_csv(a.out / "tv_vs_accepted_length.csv", index=False)
     title = (f"Exact trade-off on random tabular models\n(V={a.vocab}, N={a.length}, chain L={a.draft_length},"

@@ -9,13 +9,13 @@ import math
 import time
 from dataclasses import dataclass
 
-from coolsd.theory.lab import EXACT_METHODS, _method, exact_stats, sample_stats
+from coolsd.methods import method_info
+from coolsd.theory.lab import _method, exact_stats, has_exact_stats, sample_stats
 from coolsd.theory.stats import chi_square_pvalue
 from coolsd.theory.sweep import lab_pairs
 from coolsd.theory.tabular import TabularAR
 from coolsd.worlds.base import Column, Sample, World
 
-LOSSLESS = ("ar", "eagle", "sjd", "mc_sjd", "sjd_pac")
 
 
 @dataclass(frozen=True)
@@ -101,10 +101,10 @@ class TabularWorld(World):
             P, Q, N = pair.target, pair.draft, pair.target.N
             s = sample_stats(P, Q, method.name, method.draft_length, self.n_samples, seed, tree=method.tree,
                              **method.params)
-            if method.name in EXACT_METHODS and method.tree == "chain":
+            if has_exact_stats(method.name) and method.tree == "chain":
                 e = exact_stats(P, Q, method.name, method.draft_length, **method.params)
                 ref, tv, al = e["distribution"], e["tv"], e["accepted_length"]
-            elif method.name in LOSSLESS:  # no exact oracle for trees: lossless methods match the target
+            elif method_info(method.name).is_lossless(method.params):  # no exact oracle: lossless ones match the target
                 ref, tv, al = P.sequence_distribution(), 0.0, math.nan
             else:
                 ref, tv, al = None, math.nan, math.nan

@@ -3,6 +3,8 @@
 * a search-path plugin that puts the repository's ``experiments/`` folder on the config search
   path, so ``python run.py -m +experiment=<name>`` finds the sweep configs from any working
   directory (a relative ``hydra.searchpath`` entry would resolve against the cwd);
+* a search-path plugin that loads methods from outside the package (``COOLSD_INCLUDE``,
+  ``coolsd.plugins``) and puts their config folders on the search path;
 * the ``coolsd_log_name`` resolver (conf/config.yaml ``hydra.job_logging``): one job log per shard;
 * ``MergeHint``, a callback (conf/config.yaml ``hydra.callbacks``) that prints, on the console
   of the command that launched a multirun, the ``python -m coolsd.merge`` command of every sharded
@@ -35,6 +37,27 @@ class CoolsdExperimentsSearchPath(SearchPathPlugin):
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
         if EXPERIMENTS.is_dir():
             search_path.append(provider="coolsd-experiments", path=f"file://{EXPERIMENTS}")
+
+
+class CoolsdIncludeSearchPath(SearchPathPlugin):
+    """Methods from outside the package (``coolsd.plugins``): imports what ``COOLSD_INCLUDE``
+    names and puts the config folders they bring on the search path."""
+
+    def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
+        import sys
+
+        from coolsd import plugins
+        from coolsd.errors import ConfigError
+
+        if not plugins.include_paths():
+            return
+        try:
+            confs = plugins.load()
+        except ConfigError as e:  # a path that is not there: the one-line refusal (exit status 2)
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+        for conf in confs:
+            search_path.append(provider="coolsd-include", path=f"file://{conf}")
 
 
 class MergeHint(Callback):
