@@ -55,9 +55,13 @@ def output_dir(cfg: DictConfig) -> Path:
 
 
 def run(cfg: DictConfig) -> dict:
-    """The one generation job (``coolsd.job.run_job``) for every target and method."""
+    """The one generation job (``coolsd.job.run_job``) for every target and method. Methods from
+    outside the package (``COOLSD_INCLUDE``) are registered here too: a launcher's job process
+    may run this without starting Hydra's plugins (loading twice is a no-op)."""
+    from coolsd import plugins
     from coolsd.job import run_job
 
+    plugins.load()
     return run_job(cfg, output_dir(cfg))
 
 
