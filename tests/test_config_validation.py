@@ -27,14 +27,14 @@ ROOT = Path(__file__).resolve().parents[1]
 TIMES: dict = {}  # override -> (wall s, CPU s) of every refused command line (printed by the last test)
 
 
-def cli(tmp_path: Path, *overrides, env_extra=None, multirun=False):
+def cli(tmp_path: Path, *overrides, env_extra=None, multirun=False, timeout=120):
     """``python run.py <overrides> hydra.run.dir=<tmp>/run`` -> (process, wall s, child CPU s)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "COOLSD_VERBOSE")}
+    env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "COOLSD_VERBOSE", "COOLSD_INCLUDE")}
     env.update(env_extra or {})
     args = [sys.executable, str(ROOT / "run.py"), *(["-m"] if multirun else []),  # the last value of a key wins
             f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'sweep'}", *overrides]
     before, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
-    proc = subprocess.run(args, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    proc = subprocess.run(args, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=timeout)
     wall, after = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
     return proc, wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 

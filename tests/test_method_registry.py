@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from coolsd.methods import Param, ParamError, check_params, method_info, method_names, method_params
+from coolsd.methods import Param, check_params, method_info, method_names, method_params
+from test_config_validation import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = ROOT / "tests" / "plugin_method"
@@ -49,12 +50,8 @@ def test_parameters_are_checked_in_one_place(name, params, message):
 
 
 def _run(tmp_path, *args, env=None):
-    import os
-
-    e = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "COOLSD_VERBOSE", "COOLSD_INCLUDE")}
-    e.update(env or {})
-    return subprocess.run([sys.executable, str(ROOT / "run.py"), f"hydra.run.dir={tmp_path / 'run'}", *args],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=600, env=e)
+    """``python run.py <args>`` in ``tmp_path`` (tests/test_config_validation.py's ``cli``)."""
+    return cli(tmp_path, *args, env_extra=env, timeout=600)[0]
 
 
 @pytest.mark.parametrize("args, line", [

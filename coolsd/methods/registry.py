@@ -39,7 +39,6 @@ class BuildContext:
 
 
 FAMILIES = ("discrete", "continuous")
-DRAFTER_KINDS = ("model", "jacobi", "pac", "none")  # coolsd.drafting.DRAFTERS (more may be registered)
 
 
 @dataclass(frozen=True)
@@ -143,10 +142,6 @@ class Method:
     def baseline(self) -> "Method":
         """Plain AR on the same target with the same warpers (the speed-up reference)."""
         return build_method("ar")
-
-    @property
-    def info(self) -> MethodInfo:
-        return method_info(self.name)
 
 
 _REGISTRY: dict[str, MethodInfo] = {}

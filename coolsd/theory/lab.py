@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from coolsd.decoding.lantern import neighbours_from_codebook
+from coolsd.decoding.lantern import CodebookNeighbours, neighbours_from_codebook
 from coolsd.decoding.rng import SharedRNG
 from coolsd.drafting import SamplingConfig, build_drafter
 from coolsd.generate import speculative_generate
@@ -33,7 +33,7 @@ def _check_pair(target: TabularAR, draft: TabularAR):
 def _method(target, method, draft_length, tree, params):
     if method_info(method).jacobi and "window" not in params:
         params = {**params, "window": int(draft_length) + 1}
-    nb = neighbours_from_codebook(target.codebook)  # LANTERN's neighbourhoods (other methods ignore them)
+    nb = CodebookNeighbours(target.codebook)  # LANTERN's neighbourhoods, sorted only if a rule reads them
     return build_method(method, tree=tree, draft_length=draft_length, neighbours=nb, vocab_size=target.V, **params)
 
 
