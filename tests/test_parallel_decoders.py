@@ -144,6 +144,7 @@ def test_gumbel_noise_is_computed_ahead_about_once_per_position_and_equals_its_r
     from the loop's round read), and a run that computes every window directly (``emitted=None``)
     emits the same tokens at batch 1 and 3 (a wrong slot, position or table offset would differ),
     with about one row per image position instead of one per window slot and round."""
+    from coolsd.batch_invariant import batch_invariant, per_sample
     from coolsd.decoding.rng import PerSampleRNG
     from coolsd.drafting import build_drafter
     from coolsd.generate import speculative_generate
@@ -168,7 +169,7 @@ def test_gumbel_noise_is_computed_ahead_about_once_per_position_and_equals_its_r
             res = speculative_generate(t, t.n_image_tokens, PerSampleRNG([prompt_seed(0, i) for i in range(B)]),
                                        rule=m.rule, drafter=build_drafter(m, None, world.sampling, t.vocab_size),
                                        tree=m.tree, sampling=world.sampling, batch_size=B,
-                                       cond=world.encode([x.caption for x in scenes[:B]]))
+                                       cond=per_sample(world.encode, [x.caption for x in scenes[:B]]))
         monkeypatch.setattr(JacobiDrafter, "propose", propose)
         return res, list(rows)
 
@@ -181,8 +182,10 @@ def test_gumbel_noise_is_computed_ahead_about_once_per_position_and_equals_its_r
         H = JacobiDrafter.NOISE_WINDOWS * 8
         assert len(n_rows) < rounds / 2  # few calls ...
         assert sum(n_rows) <= B * t.n_image_tokens * H / (H - 8)  # ... of about one row per position
-    alone, _ = run(1, False)
-    assert torch.equal(alone.tokens[0], ahead.tokens[0])
+    with batch_invariant():  # a sample's tokens alone and in a batch of 3 (batch-invariant arithmetic)
+        alone, _ = run(1, False)
+        batch, _ = run(3, False)
+    assert torch.equal(alone.tokens[0], batch.tokens[0])
 
 
 def test_unknown_coupling_is_refused():
