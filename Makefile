@@ -12,7 +12,7 @@ STAMP   := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install --quiet --upgrade pip
-	$(VPY) -m pip install --quiet "$(TORCH)"
+	$(VPY) -m pip install --quiet $(TORCH)
 	$(VPY) -m pip install --quiet -e ".[test]"
 	touch $(STAMP)
 
@@ -29,7 +29,7 @@ theory: $(STAMP)
 
 # Retrain every shipped toy-world weight file (deterministic; about 50 min on 2 cores)
 toy-assets: $(STAMP)
-	$(VPY) -m coolsd.toy.assets
+	$(VPY) -m coolsd.toy.build_assets
 
 # Retrain the toy continuous world (PCA patch codec, MAR target and draft; about 40 min on 2 cores)
 toy-continuous-assets: $(STAMP)

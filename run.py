@@ -1,16 +1,16 @@
 """coolsd entry point: `python run.py method=coolsd method.delta=2.0` (Hydra overrides).
 `--include PATH` (a Python file or a folder of them) registers methods from outside the
-package first (``coolsd.plugins``; docs/add_method.md).
+package first (``coolsd.engine.plugins``; docs/add_method.md).
 
 A wrong configuration or input stops with one or two lines naming the key or file and exit
-status 2 (``coolsd.runner.one_line_errors``); HYDRA_FULL_ERROR=1 or COOLSD_VERBOSE=1 shows the traceback."""
+status 2 (``coolsd.cli.runner.one_line_errors``); HYDRA_FULL_ERROR=1 or COOLSD_VERBOSE=1 shows the traceback."""
 import sys
 
 import hydra
 from omegaconf import DictConfig
 
-from coolsd.plugins import include_from_argv
-from coolsd.runner import one_line_errors, run
+from coolsd.cli.runner import one_line_errors, run
+from coolsd.engine.plugins import include_from_argv
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

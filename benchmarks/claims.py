@@ -1,5 +1,4 @@
-"""`make claims`: the COOL-SD paper's claims tested on the toy world at equal accepted length
-(issue 15), next to the theory lab's exact answer at tabular scale.
+"""`make claims`: the COOL-SD paper's claims tested on the toy world at equal accepted length, next to the theory lab's exact answer at tabular scale.
 
 Claims (each "A beats B": at the accepted length A reaches, A's quality loss is smaller than B's):
   1. annealing beats uniform: COOL-SD's annealed omega (exp, mean-normalised) vs UniformRSD;
@@ -33,12 +32,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from coolsd.engine import plugins
+from coolsd.engine.methods import check_method
 from coolsd.metrics.toy import caption_attributes, paired_fid_contrast_ci, toy_clip_scores
-from coolsd.records import write_json_atomic
 from coolsd.report.sweep import ROOT, toy_sweep
-from coolsd.stats import mean_ci
-from coolsd.theory.sweep import run_sweep as lab_sweep
+from coolsd.theory.sweep import N_SAMPLED, parse_curve, run_sweep as lab_sweep
 from coolsd.toy.scenes import render_batch
+from coolsd.util.records import write_json_atomic
+from coolsd.util.stats import mean_ci
 from coolsd.worlds.toy import toy_extractor
 
 DELTAS = (1.5, 2.0, 3.0, 5.0)
@@ -70,9 +71,9 @@ METRICS = {"step_tv": -1, "step_kl": -1, "target_nll": -1, "target_nll_expected"
            "toy_fid": -1}  # sign: higher is better
 
 
-def curve_points(curve: str, tau: dict) -> list[str]:
+def curve_points(curve: str, tau: dict, curves: dict = CURVES) -> list[str]:
     """The curve's tags in increasing accepted length (EAGLE first where the curve starts there)."""
-    tags = (["eagle"] if curve in STARTS_AT_EAGLE else []) + [t for t, *_ in CURVES[curve]]
+    tags = (["eagle"] if curve in STARTS_AT_EAGLE else []) + [t for t, *_ in curves[curve]]
     return sorted(tags, key=lambda t: tau[t])
 
 
@@ -84,11 +85,11 @@ def bracket(t_a: float, points: list[str], tau: dict):
     return None
 
 
-def compare(a_curve: str, b_curve: str, tau: dict, per_prompt: dict, feats: dict, ref) -> list[dict]:
+def compare(a_curve: str, b_curve: str, tau: dict, per_prompt: dict, feats: dict, ref, curves: dict = CURVES) -> list[dict]:
     """One row per point of A inside B's accepted-length range: the paired difference A - B(interp)."""
     rows = []
-    b_points = curve_points(b_curve, tau)
-    for a in curve_points(a_curve, tau):
+    b_points = curve_points(b_curve, tau, curves)
+    for a in curve_points(a_curve, tau, curves):
         if a == "eagle" or (br := bracket(tau[a], b_points, tau)) is None:
             continue
         b0, b1, w = br
@@ -148,7 +149,7 @@ def _fmt(v, d=3) -> str:
     return f"{v['mean']:+.{d}f} [{v['ci95'][0]:+.{d}f}, {v['ci95'][1]:+.{d}f}]"
 
 
-def plot(tau: dict, table: dict, path: Path) -> None:
+def plot(tau: dict, table: dict, path: Path, curves: dict = CURVES) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -157,8 +158,8 @@ def plot(tau: dict, table: dict, path: Path) -> None:
     metrics = ["step_tv", "target_nll_expected_minus_ar", "toy_clip", "toy_fid"]
     fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4.2), layout="constrained")
     for ax, m in zip(axes, metrics):
-        for curve in CURVES:
-            pts = [t for t in curve_points(curve, tau) if m in table[t]]
+        for curve in curves:
+            pts = [t for t in curve_points(curve, tau, curves) if table[t].get(m) is not None]  # toy_fid: null below full rank
             if not pts:
                 continue
             ys = [table[t][m].get("mean", table[t][m].get("fid")) for t in pts]
@@ -176,6 +177,32 @@ def plot(tau: dict, table: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def select_curves(a) -> tuple[dict, list, list]:
+    """(curves, claims, the lab's extra curves) of the command line: the built-in curves (``--only``),
+    then each ``--curve`` of a registered method (``--include`` registers outside ones), claimed to
+    beat every ``--versus`` curve. A bad name or value stops here, before any generation."""
+    plugins.load(a.include)
+    unknown = [c for c in [*(a.only or []), *a.versus] if c not in CURVES]
+    if unknown:
+        raise SystemExit(f"unknown curve(s) {unknown}; built-in curves: {', '.join(CURVES)}")
+    curves = {c: pts for c, pts in CURVES.items() if a.only is None or c in a.only}
+    claims = [c for c in CLAIMS if c[1] in curves and c[2] in curves]
+    extra = []
+    for k, words in enumerate(a.curve):
+        try:
+            label, points = parse_curve(words)
+            for params in points:
+                check_method(words[0], "discrete", params)
+        except ValueError as e:
+            raise SystemExit(f"--curve {' '.join(words)}: {e}") from None
+        curves[label] = [(f"{words[0]}_c{k}_{i}", words[0], params) for i, params in enumerate(points)]
+        extra.append((label, words[0], points))
+        for b in a.versus:
+            curves.setdefault(b, CURVES[b])
+            claims.append((f"{label} beats {b}", label, b))
+    return curves, claims, extra
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=500)
@@ -184,8 +211,20 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "claims")
     ap.add_argument("--records", type=Path, default=None, help="per-sample records (pass an old folder to resume)")
+    ap.add_argument("--include", action="append", default=[], metavar="PATH",
+                    help="register methods from this file or folder first (docs/add_method.md)")
+    ap.add_argument("--curve", nargs="+", action="append", default=[], metavar="NAME KEY=V1,V2",
+                    help="add a curve of any registered method, e.g. --curve coolsd delta=1.5,2 schedule=linear; it is tested "
+                         "against every curve of --versus (claim: it beats them)")
+    ap.add_argument("--versus", nargs="+", default=["uniform_rsd", "coolsd exp (mean)"], metavar="CURVE",
+                    help="the built-in curves an added curve is compared with")
+    ap.add_argument("--only", nargs="+", default=None, metavar="CURVE",
+                    help="run only these built-in curves (and the claims between them); default: every curve")
+    ap.add_argument("--lab-sampled", type=int, default=N_SAMPLED,
+                    help="sequences per sampled point of the exact lab's sweep (its sampled curves)")
     a = ap.parse_args(argv)
-    specs = [("ar", "ar", {}), ("eagle", "eagle", {})] + [s for pts in CURVES.values() for s in pts]
+    curves, claims, extra = select_curves(a)
+    specs = [("ar", "ar", {}), ("eagle", "eagle", {})] + [s for pts in curves.values() for s in pts]
     records = a.records or ROOT / "outputs" / "claims" / time.strftime("%Y-%m-%d_%H-%M-%S")
     res = toy_sweep(specs, a.prompts, records, seed=a.seed, batch_size=a.batch_size, threads=a.threads)
     table, outputs, scenes, world = res["table"], res["outputs"], res["scenes"], res["world"]
@@ -202,10 +241,10 @@ def main(argv=None):
             vals = [r.get(m) for r in recs]
             per_prompt[m][tag] = None if any(v is None for v in vals) else np.asarray(vals, dtype=np.float64)
 
-    lab = lab_sweep()
+    lab = lab_sweep(n_sampled=a.lab_sampled, extra=extra)
     results = []
-    for claim, A, B in CLAIMS:
-        rows = compare(A, B, tau, per_prompt, feats, ref)
+    for claim, A, B in claims:
+        rows = compare(A, B, tau, per_prompt, feats, ref, curves)
         results.append({"claim": claim, "A": A, "B": B, "rows": rows,
                         "verdicts": {m: verdict(rows, m) for m in METRICS},
                         "lab": {c: lab_answer(A, B, lab, c) for c in ("expected_step_tv", "tv")}})
@@ -260,7 +299,7 @@ def main(argv=None):
                    **{f"{m}_lo": row[m]["ci95"][0] for m in METRICS if m in row},
                    **{f"{m}_hi": row[m]["ci95"][1] for m in METRICS if m in row}}
                   for r in results for row in r["rows"]]).to_csv(a.out / "table.csv", index=False)
-    plot(tau, table, a.out / "sweep.png")
+    plot(tau, table, a.out / "sweep.png", curves)
     print("\n".join(lines[: 6 + len(results)]))
     print(json.dumps({"wrote": str(a.out), "records": str(records)}))
 

@@ -1,10 +1,10 @@
-"""CSpD on the toy continuous world (issue 7; `make continuous-bench`): acceptance rate, target
+"""CSpD on the toy continuous world (`make continuous-bench`): acceptance rate, target
 forwards saved and wall-clock speed-up for gamma in {4, 8, 16} at batch 1 and 16, for the
 paper-faithful mode (parallel verification, the Sigma term, MAR's noiseless final step), the
 official code's variant of it (inner temperature 42, continuous_sd.md 2.7 b) and the exact mode
 (prefix verification, final-step noise with the smoothing s = --exact-std for target, draft and
 the target alone), with toy_fid of every configuration and of the target alone. One run folder per (batch, mode) holds AR and the three gammas, interleaved per
-batch of prompts, so every speed-up is a ratio measured side by side (METHODS.md 6).
+batch of prompts, so every speed-up is a ratio measured side by side (docs/methods.md#6-evaluation-protocol).
 
 Writes results/toy_continuous/{table.md, table.csv, speedup_table.md, summary.json, pareto.png,
 pareto.pdf, grid.png}; per-sample records and images go to outputs/continuous_sweep/<time>/
@@ -21,13 +21,13 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from coolsd.job import run_identity, run_shard
-from coolsd.records import save_png_atomic, write_json_atomic
+from coolsd.cli.runner import compose
+from coolsd.engine.timing import cpu_name
+from coolsd.job.generation import run_identity, run_shard
+from coolsd.job.summary import make_grid, results_table
 from coolsd.report.plots import pareto_plot
 from coolsd.report.sweep import ROOT, sweep_frame
-from coolsd.runner import compose
-from coolsd.summary import make_grid, results_table
-from coolsd.timing import cpu_name
+from coolsd.util.records import save_png_atomic, write_json_atomic
 from coolsd.worlds import load_world
 
 # mode name -> cspd settings; "exact"'s final_std (the smoothing s) is set by --exact-std
@@ -37,7 +37,7 @@ MODES = {"paper": dict(mode="paper", verify="parallel"),
 
 
 def run_point(world, batch: int, mode: str, settings: dict, gammas, n: int, records: Path, seed: int, threads: int):
-    """AR and every gamma of one mode in one run folder of the generation job (coolsd.job)."""
+    """AR and every gamma of one mode in one run folder of the generation job (coolsd.job.generation)."""
     cspd = {f"cspd_g{g}": world.build_method("cspd", {"gamma": g, **settings}) for g in gammas}
     runs = {"ar": next(iter(cspd.values())).baseline(), **cspd}
     cfg = compose("target=toy_continuous", f"dataset.n_prompts={n}")
@@ -130,7 +130,7 @@ def main(argv=None):
     cfg = compose("target=toy_continuous", "method=cspd", *([f"target.assets={a.assets}"] if a.assets else []))
     world = load_world(cfg)
     if not a.warmup:
-        world.warmup = False  # this world object only (coolsd.worlds.base: World.warmup, read by coolsd.job.run_methods)
+        world.warmup = False  # this world object only (coolsd.worlds.base: World.warmup, read by coolsd.job.generation.run_methods)
     t0 = time.perf_counter()
     rows, tables, grids = [], {}, []
     for batch, n in zip(batches, prompts):

@@ -1,10 +1,10 @@
 """Are a method's tokens drawn from the target's conditionals? A randomised-PIT test on the toy
-world's neural models (issue 15: "nothing silently wrong"), beside the theory lab's exact tests.
+world's neural models ("nothing silently wrong"), beside the theory lab's exact tests.
 
 The lab proves the verification engine exact on tabular models by enumeration. On a neural target
 the sequence space is too large to enumerate, but exactness has a per-token form: a lossless
 method emits each token x_t from p(. | x_<t), the target's conditional. Every emitted sequence is
-rescored outside the loop (``generate.teacher_forced_probs``: the prefill, then one causal
+rescored outside the loop (``coolsd.engine.signals.teacher_forced_probs``: the prefill, then one causal
 forward, the way AR scores it), and each token gets its randomised PIT value
 v_t = F(x_t-) + u p(x_t) under that conditional (``decoding.sampling.randomized_pit``, u from a
 generator of its own). Under exactness all v are i.i.d. Uniform(0, 1); a drawing error of any
@@ -30,14 +30,14 @@ import numpy as np
 import torch
 from scipy import stats as sps
 
-from coolsd.decoding.sampling import randomized_pit
-from coolsd.generate import teacher_forced_probs
-from coolsd.job import prompt_seed
-from coolsd.methods import method_info
-from coolsd.records import write_json_atomic
-from coolsd.runner import compose
-from coolsd.stats import REAL, mean_ci
-from coolsd.timing import cpu_name
+from coolsd.cli.runner import compose
+from coolsd.engine.decoding.sampling import randomized_pit
+from coolsd.engine.methods import method_info
+from coolsd.engine.signals import teacher_forced_probs
+from coolsd.engine.timing import cpu_name
+from coolsd.job.generation import prompt_seed
+from coolsd.util.records import write_json_atomic
+from coolsd.util.stats import REAL, mean_ci
 from coolsd.worlds import load_world
 
 ROOT = Path(__file__).resolve().parents[1]

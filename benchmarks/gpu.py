@@ -1,6 +1,6 @@
-"""GPU speed of the LlamaGen-XL target (issues #5, #14): per-token latency of the target and of an
+"""GPU speed of the LlamaGen-XL target: per-token latency of the target and of an
 EAGLE-1 drafter step at batch 1, the memory-bandwidth bound, and speculative speed-ups, all
-measured side by side in one run with device syncs and warm-up excluded (METHODS.md 6), in
+measured side by side in one run with device syncs and warm-up excluded (docs/methods.md#6-evaluation-protocol), in
 each mode: eager and compiled (``compile=true``: torch.compile, CUDA graphs via
 ``reduce-overhead``). Speed-ups are against AR in the same mode; the compiled-vs-eager AR ratio
 is reported, and a round's cost in AR steps (EAGLE-1 head with random weights: its accepted
@@ -34,14 +34,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from coolsd.compiled import compile_count  # noqa: E402
-from coolsd.decoding.rng import PerSampleRNG  # noqa: E402
-from coolsd.drafters.eagle import EagleDrafter, EagleHead  # noqa: E402
-from coolsd.drafting import SamplingConfig, build_drafter  # noqa: E402
-from coolsd.generate import speculative_generate  # noqa: E402
-from coolsd.methods import build_method  # noqa: E402
+from coolsd.engine.compiled import compile_count  # noqa: E402
+from coolsd.engine.decoding.rng import PerSampleRNG  # noqa: E402
+from coolsd.engine.drafting import SamplingConfig, build_drafter  # noqa: E402
+from coolsd.engine.loop import speculative_generate  # noqa: E402
+from coolsd.engine.methods import build_method  # noqa: E402
+from coolsd.engine.timing import device_sync  # noqa: E402
+from coolsd.models.eagle.model import EagleDrafter, EagleHead  # noqa: E402
 from coolsd.models.llamagen import GPT_XL, LlamaGenGPT, LlamaGenTarget, tiny  # noqa: E402
-from coolsd.timing import device_sync  # noqa: E402
 
 # peak HBM bandwidth, GB/s (vendor figures), by a substring of torch.cuda.get_device_name()
 BANDWIDTH_GBS = {"H200": 4800, "H100 SXM": 3350, "H100 PCIe": 2000, "H100": 3350, "A100-SXM4-80GB": 2039,
@@ -112,7 +112,7 @@ def main(argv=None) -> dict:
            not a.tiny else "random (tiny shapes)", "gpt_params": sum(p.numel() for p in gpt.parameters()),
            "weight_bytes": weight_bytes, "bandwidth_gbs": bw, "bandwidth_bound_s_per_token": bound,
            "image_tokens": N, "cfg_scale": 3.0, "tree": tree_kw, "repeats": a.repeats, "modes": by_mode,
-           # the first mode's numbers at the top level (the layout of the eager-only runs before issue 14)
+           # the first mode's numbers at the top level (the layout of the eager-only runs, before the compiled path)
            "forwards_batch1": first["forwards_batch1"], "generation": first["generation"],
            "ar_per_token_over_bound": first["ar_per_token_over_bound"],
            "note": "*_self: the drafter is the target itself (no trained drafter), so its accepted length is the "

@@ -16,7 +16,7 @@ and peak memory into ``<out>.json`` and ``<out>.md``.
 Order of work (a budget cut drops the tail): AR and EAGLE eagerly on both targets, AR compiled and
 MAR's pair first; then the other methods eagerly; then EAGLE compiled; then the other methods compiled. Each run's failure is
 caught and recorded; the script exits non-zero with one line listing the failed assertions, after
-writing the results. Host reads are counted by ``coolsd.host_reads`` in extra runs (eager: the
+writing the results. Host reads are counted by ``coolsd.engine.host_reads`` in extra runs (eager: the
 rounds a run of 2a tokens adds over one of a tokens, a = ``--count-tokens``; compiled: one full run,
 reads <= rounds + a fixed set-up), never in the timed ones; on CUDA the same runs also count the
 syncs ``torch.cuda.set_sync_debug_mode("warn")`` reports. With ``--tiny`` only AR and EAGLE are
@@ -46,16 +46,16 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from coolsd.compiled import compile_count  # noqa: E402
-from coolsd.continuous.generate import HeadConfig  # noqa: E402
-from coolsd.decoding.lantern import NEIGHBOURS_KEPT, CodebookNeighbours  # noqa: E402
-from coolsd.decoding.rng import PerSampleRNG  # noqa: E402
-from coolsd.drafting import SamplingConfig, build_drafter  # noqa: E402
-from coolsd.generate import speculative_generate  # noqa: E402
-from coolsd.host_reads import count_host_reads  # noqa: E402
-from coolsd.methods import build_method  # noqa: E402
-from coolsd.methods.registry import method_names  # noqa: E402
-from coolsd.timing import device_sync, hardware_name  # noqa: E402
+from coolsd.engine.compiled import compile_count  # noqa: E402
+from coolsd.engine.continuous.generate import HeadConfig  # noqa: E402
+from coolsd.engine.decoding.lantern import NEIGHBOURS_KEPT, CodebookNeighbours  # noqa: E402
+from coolsd.engine.decoding.rng import PerSampleRNG  # noqa: E402
+from coolsd.engine.drafting import SamplingConfig, build_drafter  # noqa: E402
+from coolsd.engine.host_reads import count_host_reads  # noqa: E402
+from coolsd.engine.loop import speculative_generate  # noqa: E402
+from coolsd.engine.methods import build_method  # noqa: E402
+from coolsd.engine.methods.registry import method_names  # noqa: E402
+from coolsd.engine.timing import device_sync, hardware_name  # noqa: E402
 
 
 def _load_gpu_benchmark():
@@ -123,7 +123,7 @@ def _codebook(n: int, dim: int, dev, normalise: bool) -> CodebookNeighbours:
 
 
 def llamagen(a, dev, dtype) -> Discrete:
-    from coolsd.drafters.eagle import EagleDrafter, EagleHead
+    from coolsd.models.eagle.model import EagleDrafter, EagleHead
     from coolsd.models.llamagen import GPT_XL, LlamaGenGPT, LlamaGenTarget, tiny
 
     cfg = tiny(block_size=64) if a.tiny else GPT_XL
@@ -156,8 +156,8 @@ def _image_vocab(n_codes: int, first_id: int):
 
 
 def lumina(a, dev, dtype) -> Discrete:
-    from coolsd.drafters.eagle_lumina import LuminaEagleDrafter, LuminaEagleHead
     from coolsd.models.chameleon import CHAMELEON_7B, ChameleonLM, tiny
+    from coolsd.models.eagle.lumina import LuminaEagleDrafter, LuminaEagleHead
     from coolsd.models.lumina import LuminaTarget, LuminaTokens
 
     if a.tiny:
@@ -225,7 +225,7 @@ def mar(a, dev):
 # ------------------------------------------------------------------------------------------ counting
 @contextlib.contextmanager
 def counted(dev, compiled: bool):
-    """Host reads (``coolsd.host_reads``) and, on CUDA, the syncs the sync debug mode reports.
+    """Host reads (``coolsd.engine.host_reads``) and, on CUDA, the syncs the sync debug mode reports.
     Compiled code refuses to run under the lift-counting dispatch mode: compiled runs count reads only."""
     box = {"syncs": None}
     with contextlib.ExitStack() as stack:

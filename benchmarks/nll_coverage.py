@@ -1,7 +1,7 @@
-"""Is a lossless method's NLL-shift interval calibrated? A pre-registered coverage check (issue 15).
+"""Is a lossless method's NLL-shift interval calibrated? A pre-registered coverage check.
 
 The toy sweep (``make demo``, 120 prompts, seed 0) reports EAGLE's paired NLL shift against AR,
-``target_nll_minus_ar``, with a Student-t 95% interval (``coolsd.stats.mean_ci``). EAGLE is
+``target_nll_minus_ar``, with a Student-t 95% interval (``coolsd.util.stats.mean_ci``). EAGLE is
 lossless, so the shift's expectation is 0 and its interval should miss 0 in about 1 run of 20;
 the committed sweep's interval is one such miss or a bias. One run cannot tell which. This script
 asks the question many times at the sweep's own n:
@@ -31,12 +31,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 from scipy import stats as sps
 
-from coolsd.records import read_records, write_json_atomic
-from coolsd.stats import REAL, mean_ci
-from coolsd.timing import cpu_name
+from coolsd.engine.timing import cpu_name
+from coolsd.util.records import read_records, write_json_atomic
+from coolsd.util.stats import REAL, mean_ci
 
 ROOT = Path(__file__).resolve().parents[1]
 METRICS = ("target_nll", "target_nll_expected")

@@ -1,4 +1,4 @@
-"""What a round's randomness costs: the time spent drawing uniforms (``coolsd.decoding.rng``:
+"""What a round's randomness costs: the time spent drawing uniforms (``coolsd.engine.decoding.rng``:
 counter-based Philox streams pooled on the target's device) as a share of the decode time, on the
 toy world, eager, 1 thread, at batch 1 and 16, for every method of the toy sweep and the field's
 parallel decoders. Every ``uniform`` call of the loop and its drafter is timed with the host clock
@@ -18,13 +18,13 @@ from pathlib import Path
 
 import torch
 
-from coolsd.decoding.rng import PerSampleRNG
-from coolsd.drafting import build_drafter
-from coolsd.generate import speculative_generate
-from coolsd.job import prompt_seed
-from coolsd.records import write_json_atomic
-from coolsd.runner import compose
-from coolsd.timing import cpu_name
+from coolsd.cli.runner import compose
+from coolsd.engine.decoding.rng import PerSampleRNG
+from coolsd.engine.drafting import build_drafter
+from coolsd.engine.loop import speculative_generate
+from coolsd.engine.timing import cpu_name
+from coolsd.job.generation import prompt_seed
+from coolsd.util.records import write_json_atomic
 from coolsd.worlds import load_world
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,7 +115,7 @@ def main(argv=None) -> dict:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out, path.with_suffix(".json"))
     lines = [f"# A round's randomness: toy world, eager, 1 thread ({out['cpu']}), {a.prompts} prompts", "",
-             "Time drawing uniforms (counter-based Philox streams, `coolsd.decoding.rng`) as a share of the decode "
+             "Time drawing uniforms (counter-based Philox streams, `coolsd.engine.decoding.rng`) as a share of the decode "
              "time, summed over the prompts; goal < 2%.", "",
              "| batch | method | randomness share | us a round | round (ms) | draws a round |", "|---|---|---|---|---|---|"]
     lines += [f"| {r['batch']} | {r['method']} | {100 * r['share']:.2f}% | {r['us_per_round']:.1f} | "

@@ -1,13 +1,13 @@
-"""What issue 15's per-token quality signals cost: decode time on the toy world with them
+"""What the per-token quality signals (docs/signals.md) cost: decode time on the toy world with them
 (``speculative_generate(distortion=True)``: exact distortion, target NLL, off-support, depth) and
 without, side by side in one run. Every prompt group is decoded twice with the same seeds,
 interleaved, the order alternating per group so drift hits both alike; overhead = sum(latency on) /
 sum(latency off) - 1 over the groups with a paired bootstrap 95% interval over the groups
-(``coolsd.stats.ratio_ci``), the same for the loop thread's CPU time (at 1 thread the loop's own
+(``coolsd.util.stats.ratio_ci``), the same for the loop thread's CPU time (at 1 thread the loop's own
 work: on a shared machine wall time also holds other tenants' time), and the paired per-group
 median beside it. Goal: < 5%.
 Beside them, the minor page faults per run (this thread's, Linux): fresh memory from the OS, a
-cost of large temporary tensors that the signal work is sized to avoid (coolsd.generate).
+cost of large temporary tensors that the signal work is sized to avoid (coolsd.engine.loop).
 
     python benchmarks/signal_overhead.py                       # eager and compiled, batch 1 and 16
     python benchmarks/signal_overhead.py --modes eager --prompts 8
@@ -23,14 +23,14 @@ from pathlib import Path
 
 import torch
 
-from coolsd.decoding.rng import PerSampleRNG
-from coolsd.drafting import build_drafter
-from coolsd.generate import speculative_generate
-from coolsd.job import prompt_seed
-from coolsd.records import write_json_atomic
-from coolsd.runner import compose
-from coolsd.stats import ratio_ci
-from coolsd.timing import cpu_name
+from coolsd.cli.runner import compose
+from coolsd.engine.decoding.rng import PerSampleRNG
+from coolsd.engine.drafting import build_drafter
+from coolsd.engine.loop import speculative_generate
+from coolsd.engine.timing import cpu_name
+from coolsd.job.generation import prompt_seed
+from coolsd.util.records import write_json_atomic
+from coolsd.util.stats import ratio_ci
 from coolsd.worlds import load_world
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,10 +134,10 @@ def main(argv=None):
                       f"{_ci(r, 'cpu_overhead_ci')} (paired median {100 * r['paired_median']:+6.2f}%, "
                       f"timed inside {100 * r['timed_share']:.2f}%, page faults a run {r['faults_on']:.0f} on, "
                       f"{r['faults_off']:.0f} off)", flush=True)
-    lines = [f"Per-token quality signals (issue 15) on the toy world: decode time with and without, side by side, "
+    lines = [f"Per-token quality signals on the toy world: decode time with and without, side by side, "
              f"{a.prompts} prompt groups per batch size, chain L=4, {cpu_name()}, {a.threads} thread(s). Produced by "
              "`python benchmarks/signal_overhead.py`. Goal: < 5%. Overhead: sum of decode times with / without - 1 over "
-             "the groups; 95% CI: a paired bootstrap over the groups (`coolsd.stats.ratio_ci`). CPU-time overhead: the "
+             "the groups; 95% CI: a paired bootstrap over the groups (`coolsd.util.stats.ratio_ci`). CPU-time overhead: the "
              "same with the loop thread's CPU time (`time.thread_time`; 1 thread: the loop's own work, without the "
              "time a shared machine's other tenants take). 'timed inside': in eager mode the loop times its "
              "own signal work (the deferred sink, `GenerationResult.extra['signal_s']`) as a share of the decode time "

@@ -1,10 +1,10 @@
-"""Speed of the decode loop, eager and compiled (issue 14): what a round costs against what its
+"""Speed of the decode loop, eager and compiled: what a round costs against what its
 forwards cost, on the toy world (CPU), every configuration side by side in one run.
 
 For each mode (eager, ``compile=true``) and method (AR, EAGLE-1, COOL-SD delta 2, SJD) on the
 same prompts and seeds, interleaved per prompt so machine noise hits all alike:
 
-* latency per image (the loop's ``latency_s``; decoding to pixels excluded, METHODS.md 6) and
+* latency per image (the loop's ``latency_s``; decoding to pixels excluded, docs/methods.md#6-evaluation-protocol) and
   the paired speed-up against AR **in the same mode** (eager vs eager, compiled vs compiled),
   plus the compiled-vs-eager AR ratio, so no method is flattered by a slow baseline;
 * speed-up / accepted length, and a round's cost in AR steps;
@@ -33,12 +33,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from coolsd.compiled import compile_count  # noqa: E402
-from coolsd.decoding.trees import make_tree  # noqa: E402
-from coolsd.job import prompt_seed  # noqa: E402
-from coolsd.runner import compose  # noqa: E402
-from coolsd.stats import ratio_ci  # noqa: E402
-from coolsd.timing import cpu_name  # noqa: E402
+from coolsd.cli.runner import compose  # noqa: E402
+from coolsd.engine.compiled import compile_count  # noqa: E402
+from coolsd.engine.decoding.trees import make_tree  # noqa: E402
+from coolsd.engine.timing import cpu_name  # noqa: E402
+from coolsd.job.generation import prompt_seed  # noqa: E402
+from coolsd.util.stats import ratio_ci  # noqa: E402
 from coolsd.worlds import load_world  # noqa: E402
 
 METHODS = {"ar": ("ar", {}), "eagle": ("eagle", {}), "coolsd_2": ("coolsd", {"delta": 2.0}), "sjd": ("sjd", {})}

@@ -3,9 +3,9 @@ methods interleaved per prompt, against AR from the same run. Writes results/toy
 {table.md, table.csv, summary.json, pareto.png, pareto.pdf, grid.png, distortion.png, distortion_maps/};
 per-sample records and images go to outputs/toy_sweep/<time>/ (resumable with --records).
 
-Issue #3 goals read off this table: eagle accepted length >= 2.0; coolsd (delta=2) accepted
+The toy world's goals read off this table: eagle accepted length >= 2.0; coolsd (delta=2) accepted
 length >= 1.2x eagle's; eagle speed-up > 1.0; speed-up / accepted length per method; toy_fid of
-eagle within noise of AR; the quality cost of relaxed methods with its CI. Issue #15's: step TV
+eagle within noise of AR; the quality cost of relaxed methods with its CI. The quality signals' goals: step TV
 exactly 0 for eagle and sjd on every image, positive and increasing in delta for uniform_rsd and
 coolsd; eagle's NLL shift within noise of 0 (checked and printed at the end), for the sampled NLL
 and for its exact conditional expectation (``target_nll_expected``), and every method's sampled
@@ -18,13 +18,13 @@ import json
 import time
 from pathlib import Path
 
+from coolsd.job.summary import make_grid
 from coolsd.metrics.token_maps import distortion_figure
-from coolsd.records import save_png_atomic, write_json_atomic
-from coolsd.stats import mean_ci
 from coolsd.report.plots import pareto_plot
 from coolsd.report.sweep import ROOT, ci_text, sweep_frame, toy_sweep
-from coolsd.summary import make_grid
 from coolsd.toy.scenes import render_batch
+from coolsd.util.records import save_png_atomic, write_json_atomic
+from coolsd.util.stats import mean_ci
 
 # (tag, method, params); one shared tree for every drafting method (fairness)
 SWEEP = [
@@ -42,7 +42,7 @@ SWEEP = [
 
 
 def distortion_checks(outputs: dict, table: dict) -> list[str]:
-    """Issue #15's goals on this sweep, each line ok / FAILED with its numbers."""
+    """The quality signals' goals on this sweep, each line ok / FAILED with its numbers."""
     def line(ok, text):
         return f"- {'ok' if ok else 'FAILED'}: {text}"
 

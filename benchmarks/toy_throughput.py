@@ -1,7 +1,7 @@
-"""Toy-world throughput at batch 1, 4 and 16 on the CPU (issue #6): images per second and
+"""Toy-world throughput at batch 1, 4 and 16 on the CPU: images per second and
 accepted length of AR, EAGLE-1 and COOL-SD (delta 2), every configuration on the same prompts
 and seeds in one run (a batch equals its prompts run alone, so only the timings differ), with
-and without ``deterministic.batch_invariant`` (coolsd.batch_invariant): its cost, measured side
+and without ``deterministic.batch_invariant`` (coolsd.engine.batch_invariant): its cost, measured side
 by side, and a check that its batches write the batch-1 images bit for bit.
 
     python benchmarks/toy_throughput.py            # -> results/toy_throughput/{table.md,summary.json}
@@ -21,10 +21,10 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from coolsd.batch_invariant import batch_invariant  # noqa: E402
-from coolsd.job import prompt_seed  # noqa: E402
-from coolsd.runner import compose  # noqa: E402
-from coolsd.timing import cpu_name  # noqa: E402
+from coolsd.cli.runner import compose  # noqa: E402
+from coolsd.engine.batch_invariant import batch_invariant  # noqa: E402
+from coolsd.engine.timing import cpu_name  # noqa: E402
+from coolsd.job.generation import prompt_seed  # noqa: E402
 from coolsd.worlds import load_world  # noqa: E402
 
 
@@ -54,7 +54,7 @@ def main(argv=None) -> dict:
                     for m in methods.values():
                         world.generate(m, scenes[:B], seeds[:B])
                 for tag, m in methods.items():
-                    sec, taus, imgs = 0.0, [], []  # generation time: the loop's latency_s (decoding excluded, METHODS.md 6)
+                    sec, taus, imgs = 0.0, [], []  # generation time: the loop's latency_s (decoding excluded, docs/methods.md#6-evaluation-protocol)
                     for s in range(0, a.prompts, B):
                         out = world.generate(m, scenes[s:s + B], seeds[s:s + B])
                         sec += out[0].fields["latency_s"]
@@ -78,7 +78,7 @@ def main(argv=None) -> dict:
     md = [f"Toy world, {a.prompts} prompts, CPU {env['cpu']} ({a.threads} thread), chain L=4, CFG {env['cfg_scale']}; "
           "every configuration on the same prompts and seeds in one run; images / s of generation (the loop's "
           "latency_s: prompt encoding and decoding excluded); batch invariant = "
-          "`deterministic.batch_invariant=true` (coolsd.batch_invariant)."
+          "`deterministic.batch_invariant=true` (coolsd.engine.batch_invariant)."
           + ("" if a.warmup else " No warm-up (--no-warmup, a smoke run): timings include first-call costs."), "",
           "| batch | method | batch invariant | images / s | accepted length | vs AR (same batch) | "
           "vs batch 1 (same method) | vs default kernels | images = batch 1 |",

@@ -1,8 +1,19 @@
 """Shared fixtures: ``compose`` (the job config of some overrides), tiny worlds by name (files of
 the real classes in the official layouts, built once per session: ``world_overrides``), and the
 theory lab's pair. The factories behind them are in ``factories.py``."""
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+
+# tests/<folder>/ mirrors coolsd/<folder>/; the shared helpers (factories, tiny_models, ...) sit in
+# tests/ and a few tests reuse another's tiny models (``from test_llamagen import ...``): every
+# folder is importable whichever test runs first (basenames are unique across folders)
+TESTS = Path(__file__).resolve().parent
+for _d in [TESTS, *sorted(p for p in TESTS.iterdir() if p.is_dir() and any(p.glob("test_*.py")))]:
+    if str(_d) not in sys.path:
+        sys.path.insert(0, str(_d))
 
 # The suite runs tiny tensors: intra-op threads only add overhead, and on a loaded 2-core
 # machine OpenMP spin-waits made tiny-model tests ~50x slower.

@@ -20,7 +20,7 @@ CAPTIONS_FIXTURE = ROOT / "tests" / "fixtures" / "captions_val2017_tiny.json"
 
 def compose(*overrides):
     """The job config ``run.py`` would get for these overrides."""
-    from coolsd.runner import compose as hydra_compose
+    from coolsd.cli.runner import compose as hydra_compose
 
     return hydra_compose(*overrides)
 
@@ -147,7 +147,7 @@ def write_t5(d: Path, d_model: int = 16) -> Path:
 
 def write_llamagen_files(d: Path) -> dict:
     """Every file of a tiny LlamaGen target (GPT, VQ, T5 folder, LANTERN drafter folder)."""
-    from coolsd.drafters.eagle import EagleHead
+    from coolsd.models.eagle.model import EagleHead
     from coolsd.models.llamagen import LlamaGenConfig, LlamaGenGPT
 
     torch.manual_seed(1)
@@ -298,8 +298,8 @@ def write_lumina_files(d: Path) -> dict:
 
 def write_lumina_drafter(d: Path, seed: int = 0) -> Path:
     """A random-weight LANTERN-layout EAGLE drafter folder for the tiny Lumina model (its embedding;
-    config.json + model.safetensors, as ``coolsd.drafters.eagle_lumina.save_lumina_drafter``)."""
-    from coolsd.drafters.eagle_lumina import LuminaEagleHead, save_lumina_drafter
+    config.json + model.safetensors, as ``coolsd.models.eagle.lumina.save_lumina_drafter``)."""
+    from coolsd.models.eagle.lumina import LuminaEagleHead, save_lumina_drafter
 
     return save_lumina_drafter(LuminaEagleHead.from_target(make_lm(seed=2), seed=seed), d, {"steps": 0})
 

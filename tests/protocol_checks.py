@@ -1,4 +1,4 @@
-"""Checks every ARModel target shares (coolsd.protocols): one tree round through a KV cache."""
+"""Checks every ARModel target shares (coolsd.engine.model_protocol): one tree round through a KV cache."""
 import torch
 
 

@@ -1,4 +1,4 @@
-"""A real one-node SLURM cluster for tests (tests/test_slurm.py): Debian's ``slurm-wlm`` and
+"""A real one-node SLURM cluster for tests (tests/job/test_slurm.py): Debian's ``slurm-wlm`` and
 ``munge`` daemons, started as root from a temporary folder and stopped afterwards.
 
 Everything lives in that folder: a generated munge key and munged's socket, a ~25-line

@@ -1,34 +1,37 @@
 """The package's import graph (read from the source with ``ast``, every import statement,
 function-level ones included) has no cycle, and every import goes down the layers or stays in
-its own:
+its own. The folders are the layers (docs/architecture.md):
 
-    engine  ->  models  ->  worlds  ->  job  ->  apps
+    util  ->  engine  ->  models  ->  worlds  ->  job  ->  apps
 
-engine: the decoding core and its utilities (decoding/, generate, drafting, protocols, the
-method registry, continuous/ numerics, records, shards, stats, timing, tracking,
-batch_invariant, compiled); models: model code, drafters, metrics, toy assets, prompt sets, the theory
-lab's models; worlds: what a target name resolves to (coolsd.worlds); job: the one generation
-job and its summary; apps: command lines, reports, the Hydra runner.
+util: coolsd/util/ (errors, input loading, records and files, statistics); engine: coolsd/engine/
+(decoding, the loop and its signals, drafting, methods, the model protocol, continuous numerics);
+models: coolsd/models/ (model families, EAGLE drafters), coolsd/metrics/, coolsd/toy/,
+coolsd/prompts/, coolsd/theory/ (the exact lab); worlds: coolsd/worlds/ (what a target name
+resolves to); job: coolsd/job/ (the one generation job, its schema, shards, summary, tracking);
+apps: coolsd/cli/ (command lines) and coolsd/report/ (tables and plots).
 """
 import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "coolsd"
-LAYERS = {  # module prefix -> layer; the longest matching prefix decides
-    "coolsd": 0,
-    "coolsd.models": 1, "coolsd.drafters": 1, "coolsd.metrics": 1, "coolsd.toy": 1, "coolsd.prompts": 1,
-    "coolsd.theory": 1,
-    "coolsd.worlds": 2,
-    "coolsd.job": 3, "coolsd.summary": 3, "coolsd.config_schema": 3,  # the job config's schema and range checks
-    "coolsd.runner": 4, "coolsd.merge": 4, "coolsd.evaluate": 4, "coolsd.report": 4,
-    "coolsd.drafters.train": 4,  # the drafter-training command line (python -m coolsd.drafters.train)
+LAYERS = {  # top-level folder -> layer: every module's folder decides, with no exemption
+    "coolsd.util": 0,
+    "coolsd.engine": 1,
+    "coolsd.models": 2, "coolsd.metrics": 2, "coolsd.toy": 2, "coolsd.prompts": 2, "coolsd.theory": 2,
+    "coolsd.worlds": 3,
+    "coolsd.job": 4,
+    "coolsd.cli": 5, "coolsd.report": 5,
 }
-NAMES = ["engine", "models", "worlds", "job", "apps"]
+NAMES = ["util", "engine", "models", "worlds", "job", "apps"]
 
 
 def layer_of(module: str) -> int:
-    best = max((p for p in LAYERS if module == p or module.startswith(p + ".")), key=len)
-    return LAYERS[best]
+    """The layer of the top-level folder holding ``module`` (``coolsd.<folder>...``); the package's
+    own ``__init__`` imports nothing and is below every layer."""
+    if module == "coolsd":
+        return -1
+    return LAYERS[".".join(module.split(".")[:2])]
 
 
 def modules(root: Path = PACKAGE) -> dict[str, Path]:
@@ -112,14 +115,98 @@ def test_every_import_goes_down_the_layers():
     assert upward_imports(import_graph()) == []
 
 
+def test_every_module_sits_in_a_layer_folder():
+    """No module at the package's top level and no folder outside the table: a new file's folder
+    names its layer."""
+    stray = sorted(m for m in modules() if m != "coolsd" and ".".join(m.split(".")[:2]) not in LAYERS)
+    assert stray == []
+
+
+def test_the_tests_mirror_the_package():
+    """tests/<folder>/ holds the tests of coolsd/<folder>/ (tests/benchmarks/: benchmarks/); this
+    file, about the package as a whole, sits at the top."""
+    tests = Path(__file__).resolve().parent
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and any(p.glob("test_*.py"))}
+    package = {m.split(".")[1] for m in LAYERS}
+    assert folders - package - {"benchmarks"} == set()
+    assert [p.name for p in tests.glob("test_*.py")] == [Path(__file__).name]
+
+
+def documented_tree(text: str) -> set[str]:
+    """The paths of the ``coolsd/`` tree in docs/architecture.md (the text block that starts with
+    ``coolsd/``; two spaces of indent per level, a folder's name ends in ``/``)."""
+    block = text.split("```text\ncoolsd/\n", 1)[1].split("```", 1)[0]
+    paths, stack = set(), []
+    for line in block.splitlines():
+        if not line.strip():
+            continue
+        depth = (len(line) - len(line.lstrip())) // 2
+        name = line.split()[0]
+        stack[depth - 1:] = [name.rstrip("/")]
+        paths.add("/".join(stack) + ("/" if name.endswith("/") else ""))
+    return paths
+
+
+def package_tree(root: Path = PACKAGE) -> set[str]:
+    out = set()
+    for p in root.rglob("*"):
+        rel = p.relative_to(root)
+        if "__pycache__" in rel.parts or rel.parts[:2] == ("toy", "assets") or p.name == "__init__.py":
+            continue
+        if p.is_dir():
+            out.add(rel.as_posix() + "/")
+        elif p.suffix == ".py":
+            out.add(rel.as_posix())
+    return out
+
+
+def test_the_architecture_tree_matches_the_package():
+    doc = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    documented = documented_tree(doc)
+    actual = package_tree()
+    assert sorted(actual - documented) == [], "in the package, not in docs/architecture.md's tree"
+    assert sorted(documented - actual) == [], "in docs/architecture.md's tree, not in the package"
+    # a wrong depth is a different path: the check reads the nesting too
+    assert documented_tree("```text\ncoolsd/\n  engine/\n  loop.py\n```") == {"engine/", "loop.py"}
+
+
+def deferred_imports(root: Path = PACKAGE) -> list[str]:
+    """Package imports inside functions that do not say why (a ``# deferred: <reason>`` comment on
+    the line above or the same line): an internal import is deferred only to keep a heavy module
+    off a path that must stay fast (a refused config), never to hide an edge from these checks
+    (they read function-level imports too)."""
+    out = []
+    for name, path in modules(root).items():
+        src = path.read_text().splitlines()
+        tree = ast.parse("\n".join(src))
+        top = {id(n) for n in tree.body}
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in top:
+                mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                if any(m.split(".")[0] == "coolsd" for m in mods):
+                    said = [src[node.lineno - 1]] + ([src[node.lineno - 2]] if node.lineno > 1 else [])
+                    if not any("# deferred:" in line for line in said):
+                        out.append(f"{name}:{node.lineno}")
+    return sorted(out)
+
+
+def test_every_deferred_package_import_says_why():
+    assert deferred_imports() == []
+
+
 def test_the_checks_see_a_cycle_and_an_upward_import(tmp_path):
     """The checks themselves on a scratch package: an engine module importing the job, which
     imports it back."""
     pkg = tmp_path / "coolsd"
-    pkg.mkdir()
+    for sub in ("engine", "job"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
-    (pkg / "generate.py").write_text("def f():\n    from coolsd.job import g\n")
-    (pkg / "job.py").write_text("from coolsd import generate\n")
+    (pkg / "engine" / "loop.py").write_text("def f():\n    from coolsd.job.generation import g\n")
+    (pkg / "job" / "generation.py").write_text("from coolsd.engine import loop\n")
     graph = import_graph(pkg)
-    assert cycles(graph) == [["coolsd.generate", "coolsd.job"]]
-    assert upward_imports(graph) == ["coolsd.generate (engine) imports coolsd.job (job)"]
+    assert cycles(graph) == [["coolsd.engine.loop", "coolsd.job.generation"]]
+    assert upward_imports(graph) == ["coolsd.engine.loop (engine) imports coolsd.job.generation (job)"]
+    assert deferred_imports(pkg) == ["coolsd.engine.loop:2"]
+    (pkg / "stray.py").write_text("")
+    assert "coolsd.stray" in [m for m in modules(pkg) if ".".join(m.split(".")[:2]) not in LAYERS]

@@ -11,7 +11,7 @@ fp32, runs it with upstream's own inference code, and writes one safetensors fil
 * metadata ``config`` (JSON: the tiny config), ``tolerance`` (what the test asserts), ``upstream``,
 
 plus ``MANIFEST.json`` (upstream repository, commit, the command that made each file, shapes and
-the tolerance). ``tests/test_upstream_parity.py`` reads only these files.
+the tolerance). ``tests/models/test_upstream_parity.py`` reads only these files.
 
 Families: ``--llamagen`` (GPT t2i, VQ-16, T5 caption path), ``--lantern`` (its LlamaGen variant,
 EAGLE heads for LlamaGen and Lumina-mGPT), ``--lumina`` (vendored Chameleon with Lumina's CFG

@@ -22,7 +22,6 @@ from coolsd.metrics.fid import (
 from coolsd.metrics.numerics import ieee_fp32, metric_numerics
 from coolsd.metrics.toy import (
     PR_K,
-    bootstrap_fid_ci,
     bootstrap_precision_recall_ci,
     caption_attributes,
     mean_ci,
@@ -33,13 +32,14 @@ from coolsd.metrics.toy import (
     toy_clip,
     toy_clip_scores,
     toy_fid,
+    toy_fid_ci,
 )
 
 __all__ = [
     "FeatureExtractor", "to_float_images",
     "StreamingStats", "feature_statistics", "frechet_distance", "frechet_distance_sym", "sqrt_psd",
     "fid_from_features",
-    "toy_fid", "toy_clip", "toy_clip_scores", "caption_attributes", "mean_ci", "bootstrap_fid_ci",
+    "toy_fid", "toy_clip", "toy_clip_scores", "caption_attributes", "mean_ci", "toy_fid_ci",
     "paired_fid_difference_ci",
     "PR_K", "precision_recall", "precision_recall_indicators", "bootstrap_precision_recall_ci",
     "paired_precision_recall_difference_ci",

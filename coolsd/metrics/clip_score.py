@@ -33,7 +33,7 @@ captions). Compare with LANTERN at about 3 decimals.
 Why ours and not a library's: no maintained library computes this protocol. torchmetrics'
 ``CLIPScore`` (the other protocol, ``coolsd.metrics.clip_torchmetrics``) agrees with our cosine
 x100 to ~1e-5 where the steps coincide (no prefix, no round trip, square images; shown in
-tests/test_eval_protocols.py), but it has no prefix splice, crops with HF's floor offsets, feeds
+tests/cli/test_eval_protocols.py), but it has no prefix splice, crops with HF's floor offsets, feeds
 an attention mask and cuts long captions without re-inserting EOT, reports ``max(100 mean, 0)``,
 and ships no LANTERN round trip; OpenAI's ``clip`` package (``clip-anytorch``) would need its
 own JIT / pickle checkpoint and setuptools<70. The scorer here is therefore the LANTERN
@@ -51,7 +51,8 @@ from PIL import Image
 
 from coolsd.metrics.image_prep import lantern_transform
 from coolsd.metrics.numerics import ieee_fp32
-from coolsd.stats import mean_ci
+from coolsd.util.loading import MissingInputFile, reading
+from coolsd.util.stats import mean_ci
 
 __all__ = [
     "OPENAI_CLIP_MEAN", "OPENAI_CLIP_STD", "CLIP_PREFIX", "CLIP_CONTEXT_LENGTH", "CLIP_HF_REPO",
@@ -130,7 +131,6 @@ def clip_image_preprocess(img, size: int = 224, lantern_roundtrip: bool = True) 
 def splice_prefix(caption_ids: Sequence[int], prefix_ids: Sequence[int], sot: int, eot: int,
                   max_len: int = CLIP_CONTEXT_LENGTH) -> list[int]:
     """LANTERN's prefix splice on one tokenised caption (ids starting with SOT, unpadded):
-
         new = ([SOT] + prefix_ids + caption_ids[1:])[:max_len]
         if len(new) == max_len and new[-1] > 0: new[-1] = EOT
 
@@ -176,7 +176,7 @@ def clip_scores_from_embeddings(image_emb, text_emb, eps: float = 1e-8) -> np.nd
 
 def clip_score_summary(scores, level: float = 0.95) -> dict:
     """The reported CLIP score: mean of the per-pair cosines with a Student-t interval
-    (``coolsd.stats.mean_ci``)."""
+    (``coolsd.util.stats.mean_ci``)."""
     return mean_ci(scores, level)
 
 
@@ -206,7 +206,6 @@ def _resolve_model_dir(local_dir) -> Path:
              f"OpenAI's ViT-B/32 used by LANTERN's CLIP score) with config.json, model.safetensors "
              f"or pytorch_model.bin, vocab.json and merges.txt; fetch it on a machine with internet, "
              f"e.g. `hf download {CLIP_HF_REPO} --local-dir <folder>`, and copy the folder here.")
-    from coolsd.loading import MissingInputFile
 
     if not d.is_dir():
         raise MissingInputFile(f"CLIP model folder {str(d)!r} does not exist. {where}")
@@ -273,7 +272,6 @@ class ClipScorer:
         """Load ``CLIPModel`` and ``CLIPTokenizer`` from a local folder (never the network:
         ``local_files_only=True``); ``kwargs`` go to ``ClipScorer(...)``. A missing folder or file
         raises FileNotFoundError saying what is expected and where it comes from."""
-        from coolsd.loading import reading
 
         d = _resolve_model_dir(local_dir)
         from transformers import CLIPModel, CLIPTokenizer  # lazy: importing transformers takes seconds

@@ -15,7 +15,7 @@ Per-sample scores (for the confidence interval) are the summands of ``CLIPScore`
 state: the metric is reset and updated with one image at a time (as the SJD script runs it,
 batch size 1), so each is exactly torchmetrics' ``100 * cos`` of that pair, unclamped;
 ``torchmetrics_value`` = ``max(mean, 0)`` is the number ``CLIPScore.compute()`` gives over all
-of them (tests/test_eval_protocols.py checks both against one batched ``CLIPScore``).
+of them (tests/cli/test_eval_protocols.py checks both against one batched ``CLIPScore``).
 
 One shim the project owns: torchmetrics 1.9.0 calls ``.norm`` on ``get_image_features`` /
 ``get_text_features``, which transformers v5 returns as a ``BaseModelOutputWithPooling`` (its
@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from coolsd.metrics.clip_score import _projected, snapshot_dir
 from coolsd.metrics.numerics import ieee_fp32
+from coolsd.util.loading import MissingInputFile, reading
 
 __all__ = ["SJD_CLIP_HF_REPO", "SJD_CLIP_FILES", "SJD_CLIP_SOURCE", "SJD_RESIZE", "sjd_clip_image", "TorchmetricsClipScorer"]
 
@@ -92,7 +93,6 @@ class TorchmetricsClipScorer:
     def from_pretrained(cls, local_dir: str | os.PathLike, **kwargs) -> "TorchmetricsClipScorer":
         """``CLIPModel`` + ``CLIPProcessor`` from a local folder (``local_files_only``: never the
         network); a missing folder or file is one error naming it and the repo to fetch."""
-        from coolsd.loading import MissingInputFile, reading
 
         d = snapshot_dir(local_dir)
         where = (f"expected a local snapshot of {SJD_CLIP_HF_REPO} (the SJD family's CLIP score): "

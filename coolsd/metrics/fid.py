@@ -14,7 +14,7 @@ number, the same algorithm as ``frechet_distance``) lives in ``pytorch_fid.fid_s
 imports torchvision at module import (it does not import beside torch 2.13 CPU); clean-fid's
 ``frechet_distance`` is in ``cleanfid.fid``, same problem. torchmetrics'
 ``FrechetInceptionDistance`` agrees with ``fid_from_features`` to ~1e-14 relative on the same
-features (tests/test_eval_protocols.py) but computes from images through a feature module only:
+features (tests/cli/test_eval_protocols.py) but computes from images through a feature module only:
 no public way to give it the cached COCO reference statistics, per-sample features for the
 bootstrap interval, or the streaming statistics used here, so it is the cross-check, not the path.
 """

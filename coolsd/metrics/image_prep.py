@@ -1,6 +1,6 @@
 """Image preprocessing for FID under the clean-fid protocol, as LANTERN / COOL-SD run it.
 
-METHODS.md section 6: both image sets (the 5,000 COCO val2017 images and the generated PNGs) are
+docs/methods.md#6-evaluation-protocol: both image sets (the 5,000 COCO val2017 images and the generated PNGs) are
 centre-cropped to the short side and LANCZOS-resized to 256x256. That is LANTERN's
 ``custom_image_tranform`` for ``cleanfid.fid.compute_fid(..., mode="clean")``; clean-fid then
 resizes the 256x256 uint8 image to 299x299 with its "clean" resizer (PIL bicubic on each channel
@@ -23,7 +23,7 @@ to 299x299 by torch's bilinear ``interpolate`` (``align_corners=False``, no anti
 ``2x - 1`` (= v / 127.5 - 1, not clean-fid's (v - 128) / 128). See ``coolsd.metrics.protocols``.
 
 Why ours and not the libraries' code: ``cleanfid.resize.make_resizer("PIL", False, "bicubic",
-(299, 299))`` (clean-fid 0.1.35) computes ``clean_resize_299`` bit for bit (tests/test_eval_protocols.py,
+(299, 299))`` (clean-fid 0.1.35) computes ``clean_resize_299`` bit for bit (tests/cli/test_eval_protocols.py,
 run where clean-fid is installed), and ``cleanfid.resize`` itself imports without torchvision;
 but the clean-fid distribution requires torchvision, which pip would install beside our pinned
 torch 2.13 CPU where PyPI's torchvision does not import, so clean-fid cannot be a dependency of

@@ -1,4 +1,4 @@
-"""ImageReward v1.0 (METHODS.md 6: mean over images, from a local checkpoint), an optional extra.
+"""ImageReward v1.0 (docs/methods.md#6-evaluation-protocol: mean over images, from a local checkpoint), an optional extra.
 
 The ``image-reward`` package pins timm 0.6.13 and needs torchvision, which do not install beside
 this project's torch; so the scores are computed by ``image_reward_worker.py`` in whichever
@@ -18,9 +18,11 @@ from typing import Sequence
 
 import numpy as np
 
+from coolsd.util.loading import MissingInputFile
+
 SOURCE = "https://huggingface.co/THUDM/ImageReward (files ImageReward.pt and med_config.json)"
 INSTALL = ("create a separate environment for it (python -m venv ir && ir/bin/pip install image-reward) and "
-           "pass its interpreter (python -m coolsd.evaluate --ir-python ir/bin/python, or $IMAGEREWARD_PYTHON)")
+           "pass its interpreter (python -m coolsd.cli.evaluate --ir-python ir/bin/python, or $IMAGEREWARD_PYTHON)")
 WORKER = Path(__file__).with_name("image_reward_worker.py")
 
 
@@ -30,7 +32,6 @@ class ImageRewardScorer:
         self.checkpoint, self.med_config = Path(checkpoint or ""), Path(med_config or "")
         self.python = str(python or sys.executable)
         self.device, self.env = device, env
-        from coolsd.loading import MissingInputFile
 
         for what, p in (("checkpoint", self.checkpoint), ("med_config", self.med_config)):
             if not str(p) or not p.is_file():
@@ -46,8 +47,6 @@ class ImageRewardScorer:
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         except FileNotFoundError:
-            from coolsd.loading import MissingInputFile
-
             raise MissingInputFile(f"ImageReward interpreter {self.python} does not exist; {INSTALL}") from None
         if check and proc.returncode != 0:
             raise RuntimeError(f"ImageReward worker failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")

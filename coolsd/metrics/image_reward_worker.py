@@ -1,5 +1,5 @@
 """ImageReward v1.0 scores of (image, caption) pairs, run in the interpreter that has the
-``image-reward`` package (METHODS.md 6). Standalone on purpose (imports nothing from coolsd):
+``image-reward`` package (docs/methods.md#6-evaluation-protocol). Standalone on purpose (imports nothing from coolsd):
 ``image-reward`` pins old timm and needs torchvision, so it usually lives in its own virtual
 environment and ``coolsd.metrics.image_reward`` calls this file with that environment's python:
 
@@ -31,8 +31,8 @@ def tf32_off() -> None:
 
 
 def load_model(checkpoint: str, med_config: str, device: str):
-    import torch
     import ImageReward as RM  # noqa: N813 (the package's name)
+    import torch
 
     model = RM.load(checkpoint, device=device, med_config=med_config)
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)

@@ -16,7 +16,7 @@ Input convention (clean-fid "clean" mode, which is what LANTERN / COOL-SD report
 (N, 3, 299, 299) in [0, 255], normalised inside ``forward`` as ``(x - 128) / 128``; output the
 (N, 2048) pool3 features (global average of ``Mixed_7c``). Resizing is NOT done here: the
 images are prepared by ``coolsd.metrics.image_prep.fid_preprocess`` (LANTERN's centre crop +
-LANCZOS 256, then clean-fid's per-channel PIL float bicubic resize to 299; METHODS.md section 6).
+LANCZOS 256, then clean-fid's per-channel PIL float bicubic resize to 299; docs/methods.md#6-evaluation-protocol).
 
     model = load_inception("weights-inception-2015-12-05-6726825d.pth")
     ext = InceptionFeatureExtractor(model, device="cuda")
@@ -25,7 +25,7 @@ LANCZOS 256, then clean-fid's per-channel PIL float bicubic resize to 299; METHO
 
 Weights are never downloaded: the user supplies the file (see ``WEIGHTS_URL``).
 
-Two FID protocols share this network (``FID_PROTOCOLS``; ``python -m coolsd.evaluate --protocol``):
+Two FID protocols share this network (``FID_PROTOCOLS``; ``python -m coolsd.cli.evaluate --protocol``):
 
 * ``lantern`` (LANTERN / COOL-SD, clean-fid ``mode="clean"``): LANTERN's centre crop + LANCZOS
   256, clean-fid's per-channel PIL float bicubic 299 (antialiased), ``(v - 128) / 128``, the TF
@@ -47,8 +47,8 @@ torchmetrics' ``image.fid`` (and with it ``multimodal.clip_score``) stops import
 clean-fid's network is TorchScript (``cleanfid.inception_torchscript``, torchvision-free) but
 clean-fid requires torchvision as a distribution and ``torch.jit.load`` runs code from the file
 (not a weights-only load); its ``InceptionV3W`` on a TorchScript of our random network gives our
-features bit for bit (tests/test_eval_protocols.py, where clean-fid is installed with --no-deps). The Fréchet distance itself is ``coolsd.metrics.fid`` (pytorch-fid's
-formula; torchmetrics' ``FrechetInceptionDistance`` agrees with it, tests/test_eval_protocols.py).
+features bit for bit (tests/cli/test_eval_protocols.py, where clean-fid is installed with --no-deps). The Fréchet distance itself is ``coolsd.metrics.fid`` (pytorch-fid's
+formula; torchmetrics' ``FrechetInceptionDistance`` agrees with it, tests/cli/test_eval_protocols.py).
 """
 from __future__ import annotations
 
@@ -65,7 +65,8 @@ import torch.nn.functional as F
 from coolsd.metrics import FeatureExtractor
 from coolsd.metrics.image_prep import INCEPTION_SIZE, fid_preprocess, pytorch_fid_preprocess
 from coolsd.metrics.numerics import ieee_fp32
-from coolsd.records import sha256_file
+from coolsd.util.loading import BadInputFile, MissingInputFile, torch_load
+from coolsd.util.records import sha256_file
 
 WEIGHTS_NAME = "weights-inception-2015-12-05-6726825d.pth"
 WEIGHTS_URL = "https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/" + WEIGHTS_NAME
@@ -332,7 +333,6 @@ def load_inception(path: str | os.PathLike | None = None, device: str | torch.de
     ``num_batches_tracked`` (the official file has none) is filled with 0. Returns the model in
     eval mode with ``requires_grad`` off.
     """
-    from coolsd.loading import BadInputFile, MissingInputFile, torch_load
 
     path = os.fspath(default_inception_path(weights_name) if path is None else path)
     if not os.path.isfile(path):

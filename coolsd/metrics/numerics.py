@@ -1,4 +1,4 @@
-"""Where the metric networks run, and at what float32 precision (``python -m coolsd.evaluate``).
+"""Where the metric networks run, and at what float32 precision (``python -m coolsd.cli.evaluate``).
 
 Device: ``default_device()`` is ``"cuda"`` when ``torch.cuda.is_available()``, else ``"cpu"``;
 ``check_device`` refuses a CUDA device on a machine without CUDA (one line naming the flag and
@@ -24,6 +24,8 @@ from contextlib import contextmanager
 
 import torch
 
+from coolsd.util.errors import ConfigError
+
 
 def default_device() -> str:
     """``"cuda"`` when this machine has CUDA (``torch.cuda.is_available()``), else ``"cpu"``."""
@@ -33,7 +35,6 @@ def default_device() -> str:
 def check_device(device, flag: str = "--device") -> str:
     """``device`` as given, checked to exist here: a device string torch does not parse, or a
     CUDA device without CUDA (or past the last GPU), is a ``ConfigError`` naming ``flag`` and the fix."""
-    from coolsd.errors import ConfigError
 
     try:
         d = torch.device(device)

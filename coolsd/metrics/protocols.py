@@ -1,4 +1,4 @@
-"""The two evaluation protocols of the field, as presets of ``python -m coolsd.evaluate --protocol``.
+"""The two evaluation protocols of the field, as presets of ``python -m coolsd.cli.evaluate --protocol``.
 
 ``lantern`` (LANTERN, LANTERN++, COOL-SD; ``jadohu/LANTERN:entrypoints/eval_fid_clip.py``):
 
@@ -19,7 +19,7 @@
   so ``dataset=coco2017val`` serves both; the order of SJD's list is not checked); and PartiPrompts (1,632 prompts, the ``Prompt`` column of the user's
   ``PartiPrompts.tsv``), scored by CLIP only (no reference images, so no FID, as in SJD).
 
-The same Lumina-mGPT AR baseline scores FID 28.99 under one and 30.79 under the other (issue 18):
+The same Lumina-mGPT AR baseline scores FID 28.99 under one and 30.79 under the other:
 numbers are comparable only within one protocol, which is why every number in ``metrics.json``
 names the protocol that produced it.
 """
@@ -31,6 +31,7 @@ from pathlib import Path
 from coolsd.metrics.clip_score import CLIP_FILES, CLIP_HF_REPO, CLIP_SOURCE
 from coolsd.metrics.clip_torchmetrics import SJD_CLIP_FILES, SJD_CLIP_HF_REPO, SJD_CLIP_SOURCE
 from coolsd.metrics.inception import FID_PROTOCOLS, PT_WEIGHTS_NAME, PT_WEIGHTS_URL, WEIGHTS_NAME, WEIGHTS_URL
+from coolsd.util.loading import BadInputFile, require_file
 
 PROTOCOLS = ("lantern", "sjd")
 
@@ -71,7 +72,6 @@ def fid_protocol(name: str) -> dict:
 
 def read_parti_prompts(path) -> list[str]:
     """The ``Prompt`` column of a PartiPrompts TSV (tab-separated, header row), in file order."""
-    from coolsd.loading import BadInputFile, require_file
 
     p = require_file(path, "the PartiPrompts TSV", PARTI_SOURCE)
     with open(p, newline="", encoding="utf-8") as f:

@@ -1,4 +1,4 @@
-"""FID reference statistics of the real images (METHODS.md 6: the 5,000 COCO val2017 images,
+"""FID reference statistics of the real images (docs/methods.md#6-evaluation-protocol: the 5,000 COCO val2017 images,
 clean-fid protocol), computed once per (image set, feature extractor) and cached as .npz.
 
 The cache key hashes the extractor's name and protocol, the id of its weights, the device type
@@ -18,6 +18,8 @@ from tqdm.auto import tqdm
 
 from coolsd.metrics.fid import StreamingStats
 from coolsd.metrics.image_prep import load_rgb
+from coolsd.metrics.numerics import metric_numerics
+from coolsd.util.loading import MissingInputFile
 
 COCO_IMAGES_SOURCE = ("val2017.zip from https://cocodataset.org/#download "
                       "(http://images.cocodataset.org/zips/val2017.zip)")
@@ -26,7 +28,6 @@ COCO_IMAGES_SOURCE = ("val2017.zip from https://cocodataset.org/#download "
 def coco_image_files(images_dir, image_ids: Sequence[int] | None = None) -> list[Path]:
     """The val2017 JPEGs (``%012d.jpg``) of ``image_ids`` in that order, or every ``*.jpg`` of the
     folder sorted by name. A missing folder or image is an error naming it and its source."""
-    from coolsd.loading import MissingInputFile
 
     d = Path(images_dir) if images_dir else None
     if d is None or not d.is_dir():
@@ -48,7 +49,6 @@ def coco_image_files(images_dir, image_ids: Sequence[int] | None = None) -> list
 def extractor_numerics(extractor) -> str:
     """The extractor's ``numerics`` (``FeatureExtractor.numerics``: device type and precision); an
     extractor without one runs on its ``device`` (default the CPU) under the metric precision."""
-    from coolsd.metrics.numerics import metric_numerics
 
     numerics = getattr(extractor, "numerics", None)
     return numerics if numerics is not None else metric_numerics(getattr(extractor, "device", "cpu"))

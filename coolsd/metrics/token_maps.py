@@ -1,4 +1,4 @@
-"""Where on the image a method distorts, and at which round depth (issue 15).
+"""Where on the image a method distorts, and at which round depth.
 
 From the per-token arrays a discrete run records per image (``token_tv``: TV(pi_t, p_t) of each
 token's emitted distribution, docs/distortion.md; ``token_depth``: the round depth it was verified

@@ -22,9 +22,16 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from coolsd.stats import FRACTION, NULL_REASON, mean_ci
-from coolsd.metrics.fid import _as_float64, feature_statistics, fid_sample_size_reason, frechet_distance_sym, sqrt_psd
-from coolsd.metrics.fid import bootstrap_fid_ci as fid_bootstrap
+from coolsd.metrics.fid import (
+    _as_float64,
+    bootstrap_fid_ci as fid_bootstrap,
+    feature_statistics,
+    fid_sample_size_reason,
+    frechet_distance_sym,
+    sqrt_psd,
+)
+from coolsd.toy.scenes import ATTRIBUTES, render_batch
+from coolsd.util.stats import FRACTION, NULL_REASON, mean_ci
 
 
 def _labels(a, name: str) -> np.ndarray:
@@ -38,7 +45,6 @@ def _labels(a, name: str) -> np.ndarray:
 
 def caption_attributes(scenes) -> dict[str, np.ndarray]:
     """attribute -> (n,) class ids of the captions of ``scenes`` (``coolsd.toy.scenes.Scene``)."""
-    from coolsd.toy.scenes import ATTRIBUTES
 
     return {k: np.array([s.labels()[k] for s in scenes], dtype=np.int64) for k in ATTRIBUTES}
 
@@ -78,7 +84,7 @@ def toy_fid(features_gen, features_ref) -> float:
     return frechet_distance_sym(*feature_statistics(features_gen), *feature_statistics(features_ref))
 
 
-def bootstrap_fid_ci(
+def toy_fid_ci(
     features_gen,
     features_ref,
     n_resamples: int = 200,
@@ -257,7 +263,7 @@ def _pr_bootstrap(features_gen: dict, features_ref, k: int, n_resamples: int, se
 def _percentile_cis(point: np.ndarray, boots: np.ndarray, confidence: float, **extra) -> dict:
     """{"precision", "recall"} -> {"mean" (the full-sample value), "ci95": [lo, hi] (bootstrap
     percentiles at ``confidence``), "lo", "hi", "boot_mean", **extra} (``mean``/``ci95`` as
-    ``coolsd.stats.mean_ci``, so summary tables print them alike)."""
+    ``coolsd.util.stats.mean_ci``, so summary tables print them alike)."""
     alpha = (1 - confidence) / 2
     out = {}
     for j, name in enumerate(("precision", "recall")):
@@ -303,17 +309,16 @@ def paired_precision_recall_difference_ci(features_a, features_b, features_ref, 
 
 
 def toy_quality(extractor, images: dict, scenes, n_resamples: int = 200) -> dict:
-    """Per method tag: toy_clip (its fraction interval over prompts, ``coolsd.stats.FRACTION``:
+    """Per method tag: toy_clip (its fraction interval over prompts, ``coolsd.util.stats.FRACTION``:
     within [0, 1]), toy_fid (bootstrap CI), toy_precision
     and toy_recall (bootstrap percentile CI over prompts) of its images (``images``: tag ->
     (n, H, W, 3) uint8, prompt-aligned with ``scenes``) against renders of the same scenes, and,
     where ``ar`` is among the tags, the paired differences to it (same prompts, same seeds; for
     precision / recall the same resampled prompts for the method, ``ar`` and the renders). With
     no more prompts than feature dims that vary (``fid_sample_size_reason``) the Gaussian fits are
-    rank deficient: toy_fid (and its difference) is None and ``toy_fid_null_reason`` (``coolsd.stats.NULL_REASON``) says why;
+    rank deficient: toy_fid (and its difference) is None and ``toy_fid_null_reason`` (``coolsd.util.stats.NULL_REASON``) says why;
     with fewer than ``PR_K`` + 1 prompts k-th neighbours do not exist: the precision / recall
     entries are None."""
-    from coolsd.toy.scenes import render_batch
 
     ref_feats = extractor(render_batch(scenes))
     attrs = caption_attributes(scenes)
@@ -327,7 +332,7 @@ def toy_quality(extractor, images: dict, scenes, n_resamples: int = 200) -> dict
     out = {}
     for tag, (feats, _) in scored.items():
         e = {"toy_clip": mean_ci(clip[tag], domain=FRACTION, name="toy_clip"),
-             "toy_fid": None if why else bootstrap_fid_ci(feats, ref_feats, n_resamples=n_resamples, seed=0)}
+             "toy_fid": None if why else toy_fid_ci(feats, ref_feats, n_resamples=n_resamples, seed=0)}
         pr = _percentile_cis(pr_point[tag], pr_boots[tag], **pr_kw) if pr_ok else {}
         e["toy_precision"], e["toy_recall"] = pr.get("precision"), pr.get("recall")
         if "ar" in scored:

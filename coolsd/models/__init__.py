@@ -1,1 +1,1 @@
-"""Model adapters implementing ``coolsd.protocols.ARModel`` and their shared KV cache."""
+"""Model adapters implementing ``coolsd.engine.model_protocol.ARModel`` and their shared KV cache."""

@@ -53,6 +53,7 @@ import torch.nn.functional as F
 
 from coolsd.models.blocks import GatedMLP, RMSNorm, compute_dtype as _compute_dtype
 from coolsd.models.kv_cache import KVCache
+from coolsd.util.loading import MissingInputFile, read_json, reading
 
 HF_SOURCE = "huggingface.co/Alpha-VLLM/Lumina-mGPT-7B-768"
 SHARD = "a safetensors weight file of Lumina-mGPT-7B-768"
@@ -321,7 +322,6 @@ class ChameleonLM(nn.Module):
         ``model.safetensors``), one tensor at a time; every key is checked before any is loaded."""
         from safetensors import safe_open
 
-        from coolsd.loading import reading
 
         files = checkpoint_files(folder)
         shapes: dict[str, tuple[int, ...]] = {}
@@ -366,7 +366,6 @@ def _listing(title: str, items: list[str]) -> str:
 def checkpoint_files(folder: str | Path) -> list[Path]:
     """The safetensors files of a local checkpoint folder: the shards named by
     ``model.safetensors.index.json`` (all must exist), else ``model.safetensors``."""
-    from coolsd.loading import MissingInputFile
 
     folder = Path(folder)
     hint = f"download the checkpoint folder from {HF_SOURCE} (config.json, model.safetensors.index.json and its shards)"
@@ -387,7 +386,6 @@ def checkpoint_files(folder: str | Path) -> list[Path]:
 
 def weight_map(index: Path) -> dict:
     """``weight_map`` (key -> shard file name) of a ``model.safetensors.index.json``."""
-    from coolsd.loading import read_json, reading
 
     what = "a safetensors index (model.safetensors.index.json)"
     data = read_json(index, what, HF_SOURCE)
@@ -397,7 +395,6 @@ def weight_map(index: Path) -> dict:
 
 def read_hf_config(folder: str | Path) -> dict:
     """``config.json`` of a local checkpoint folder (holds ``vocabulary_map``)."""
-    from coolsd.loading import read_json
 
     return read_json(Path(folder) / "config.json", "Lumina-mGPT's config.json", HF_SOURCE)
 
@@ -407,7 +404,6 @@ def load_chameleon(
 ) -> tuple[ChameleonLM, dict]:
     """Build a ``ChameleonLM`` from a local checkpoint folder: config from ``config.json``,
     weights strictly from the safetensors shards. Returns (model in eval mode, config dict)."""
-    from coolsd.loading import reading
 
     hf = read_hf_config(folder)
     with reading(Path(folder) / "config.json", "Lumina-mGPT's config.json", HF_SOURCE):

@@ -36,6 +36,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from coolsd.models.blocks import AttnBlock, ResnetBlock, Upsample, group_norm
+from coolsd.util.loading import reading, torch_load
 
 VQGAN_SOURCE = (
     "Meta's Chameleon tokenizer files (tokenizer/vqgan.ckpt, from the facebookresearch/chameleon "
@@ -150,7 +151,7 @@ class ChameleonVQ(nn.Module):
 
     @property
     def codebook(self) -> torch.Tensor:
-        """(n_embed, embed_dim) raw codebook (LANTERN's latent neighbourhoods, METHODS.md 3)."""
+        """(n_embed, embed_dim) raw codebook (LANTERN's latent neighbourhoods, docs/methods.md#3-lantern-and-lantern)."""
         return self.quantize.embedding.weight
 
     @torch.no_grad()
@@ -202,7 +203,6 @@ def load_vqgan(
     dtype: torch.dtype = torch.float32,
 ) -> ChameleonVQ:
     """Read ``vqgan.ckpt`` with ``torch.load(weights_only=True)`` and load it strictly."""
-    from coolsd.loading import reading, torch_load
 
     what = "Chameleon's VQGAN checkpoint (vqgan.ckpt)"
     ckpt = torch_load(path, what, VQGAN_SOURCE)

@@ -31,6 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from coolsd.models.blocks import AttnBlock, Downsample, ResnetBlock, Upsample, group_norm, res_level, run_res_level
+from coolsd.util.loading import check_state_dict, read_torch_checkpoint
 
 SCALE = 0.2325  # MAR's latent scale (engine_mar.py: "normalize the std of latent to be 1")
 KL16_SOURCE = ("MAR's kl16.ckpt: `python util/download.py` in github.com/LTH14/mar writes "
@@ -178,7 +179,6 @@ def decode_tokens(vae: KLVAE, tokens: torch.Tensor, h: int, w: int) -> np.ndarra
 def load_kl16(path, config: KLVAEConfig = KLVAEConfig(), device="cpu") -> KLVAE:
     """Strictly load MAR's ``kl16.ckpt`` (``{"model": sd}``, or LDM's "state_dict"; or a
     .safetensors of the same state dict); fp32, eval."""
-    from coolsd.loading import check_state_dict, read_torch_checkpoint
 
     state = read_torch_checkpoint(path, "KL-16 VAE checkpoint", KL16_SOURCE, keys=("model", "state_dict"))
     # Upstream loads with strict=False (it only prints missing/unexpected keys). Of what it would

@@ -1,7 +1,6 @@
 """A static per-layer KV cache with per-sample committed lengths and tree-shaped pending entries.
 
 Layout of sample b in every layer's buffer (B, H, max_len, head_dim):
-
     slots [0, length[b])                    committed entries, in sequence order
     slots [length[b], length[b] + n_pending) pending entries, in the order forwards added them
     slots beyond                            free (stale values, never attended)
@@ -12,7 +11,7 @@ Invariants:
 * A committed slot is visible to every later query unless ``hidden_slots`` marks it (e.g. text
   padding); a pending entry is visible to a query only where the caller's ``attend`` says so.
 * ``commit`` leaves no pending entries.
-* ``static=True`` (the compiled decode path, ``coolsd.compiled``): every forward attends the whole
+* ``static=True`` (the compiled decode path, ``coolsd.engine.compiled``): every forward attends the whole
   buffer under its mask and writes by scatter, so shapes depend only on (m, P), never on the
   committed lengths, and ``prepare`` reads no tensor on the host; the buffer never grows.
 """
@@ -24,8 +23,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from coolsd import batch_invariant
-from coolsd.host_reads import host_checks
+from coolsd.engine import batch_invariant
+from coolsd.engine.host_reads import host_checks
 
 
 @dataclass
@@ -36,7 +35,7 @@ class CacheStep:
     slots: torch.Tensor  # (B, m) long, where the new entries are written
     span: int  # attention runs over slots [0, span) only
     start: Optional[int] = None  # when every sample writes slots [start, start + m): slice writes
-    # under coolsd.batch_invariant: per sample, its valid new rows and its own span of slots
+    # under coolsd.engine.batch_invariant: per sample, its valid new rows and its own span of slots
     rows: Optional[list[int]] = None
     spans: Optional[list[int]] = None
     static: bool = False  # a static cache's step: writes by index_put at (batch_index, slots)
@@ -95,7 +94,7 @@ class KVCache:
     def reset(self) -> None:
         """Empty the cache for a new sequence. Every tensor keeps its storage (``length`` and
         ``hidden_slots`` are zeroed in place), so a reused cache keeps every buffer's address
-        across images: graphs captured over them (CUDA graphs, ``coolsd.compiled``) stay valid."""
+        across images: graphs captured over them (CUDA graphs, ``coolsd.engine.compiled``) stay valid."""
         B = self.batch_size
         if getattr(self, "length", None) is not None:
             self.length.zero_()
@@ -192,7 +191,7 @@ class KVCache:
         marks kept entries that later queries must not see. Reads nothing on the host: the host
         keeps an upper bound of the longest committed length (each commit adds at most
         min(K, pending)), which sizes the next forwards' attention span; ``n_keep`` is trusted
-        (``COOLSD_CHECKS=1`` validates it: ``coolsd.host_reads.host_checks``)."""
+        (``COOLSD_CHECKS=1`` validates it: ``coolsd.engine.host_reads.host_checks``)."""
         B, P = self.batch_size, self.n_pending
         K = P if keep is None else min(keep.shape[1], P)  # n_keep <= P: columns beyond P are never kept
         added = K  # the most entries any sample commits now: the host bound's step

@@ -31,12 +31,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from coolsd.compiled import compile_step, compiling
-from coolsd.decoding.sampling import cfg_combine
+from coolsd.engine.compiled import compile_step, compiling
+from coolsd.engine.decoding.sampling import cfg_combine
+from coolsd.engine.model_protocol import StepOut
 from coolsd.models.blocks import RMSNorm, compute_dtype as _compute_dtype
 from coolsd.models.kv_cache import CacheStep, KVCache
-from coolsd.protocols import StepOut
-
+from coolsd.util.loading import BadInputFile, MissingInputFile, check_state_dict, read_json, read_torch_checkpoint
 
 # ---------------------------------------------------------------------------------------- config
 VARIANTS = ("upstream", "lantern")  # LlamaGenConfig.variant / target.variant
@@ -378,7 +378,7 @@ class LlamaGenTarget:
         self.n_image_tokens = cfg.block_size
         self.cache: Optional[KVCache] = None
         self.batch_size = 0
-        # compile: the decode / tree forwards under torch.compile over a static cache (coolsd.compiled)
+        # compile: the decode / tree forwards under torch.compile over a static cache (coolsd.engine.compiled)
         self.compiled = bool(compile)
         self._step_fn = compile_step(self._step, model.device) if compile else self._step
         # RoPE rows for every position the cache can hold, made once (traced, they would be recomputed per call)
@@ -558,7 +558,6 @@ def check_hf_config(folder, cfg: LlamaGenConfig) -> None:
     import math
     import os
 
-    from coolsd.loading import BadInputFile, read_json
 
     path = os.path.join(os.fspath(folder), "config.json")
     conf = read_json(path, "LlamaGen HF config (config.json)", HF_SOURCE)
@@ -585,7 +584,6 @@ def read_hf_weights(folder) -> tuple[dict, str]:
     file; safetensors or ``torch.load(weights_only=True)``) and the name the errors give them."""
     from pathlib import Path
 
-    from coolsd.loading import BadInputFile, MissingInputFile, read_json, read_torch_checkpoint
 
     folder = Path(folder)
     what = "LlamaGen HF weights"
@@ -618,7 +616,6 @@ def _few(keys, limit: int = 6) -> str:
 def state_from_hf(hf: dict, cfg: LlamaGenConfig, where: str) -> dict:
     """LANTERN's HF tensors -> our state dict, strictly: every HF key used exactly once, none
     missing, every shape ours (else one ``BadInputFile`` naming ``where`` and the keys)."""
-    from coolsd.loading import BadInputFile
 
     with torch.device("meta"):
         own = LlamaGenGPT(cfg).state_dict()
@@ -649,7 +646,6 @@ def load_gpt(path, cfg: LlamaGenConfig, dtype=torch.bfloat16, device="cpu") -> L
     import os
     from pathlib import Path
 
-    from coolsd.loading import check_state_dict, read_torch_checkpoint
 
     if Path(os.fspath(path)).is_dir():
         check_hf_config(path, cfg)

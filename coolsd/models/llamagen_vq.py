@@ -25,8 +25,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from coolsd.loading import check_state_dict, read_torch_checkpoint, unwrap_checkpoint  # noqa: F401 (re-exported)
 from coolsd.models.blocks import AttnBlock, Downsample, ResnetBlock, Upsample, group_norm, res_level, run_res_level
+from coolsd.util.loading import check_state_dict, read_torch_checkpoint, unwrap_checkpoint  # noqa: F401 (re-exported)
 
 VQ_SOURCE = "https://huggingface.co/peizesun/llamagen_t2i (file vq_ds16_t2i.pt)"
 

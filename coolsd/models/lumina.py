@@ -4,7 +4,7 @@ IMAGE-CODE space, over ``coolsd.models.chameleon.ChameleonLM``.
 What the generation loop sees: tokens 0..n_codes-1 are VQ code indices (8192 at full size),
 logits (B, m, n_codes) over codes, ``n_image_tokens = h_latent * w_latent`` (48 x 48 at 768 px),
 positions = image-token indices j (token j's output predicts token j + 1). Everything structural
-is the adapter's business (METHODS.md 3: structural tokens are never drafted against):
+is the adapter's business (docs/methods.md#3-lantern-and-lantern: structural tokens are never drafted against):
 
 * Sequence (models_sjd.md 2.3; upstream ``data/item_processor.py`` ``process_image`` and
   ``inference_solver.py``): ``prompt ids`` (``[BOS] + tokenize(template + caption + sep)``, built
@@ -51,12 +51,14 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
-from coolsd import batch_invariant
-from coolsd.decoding.sampling import cfg_combine
-from coolsd.host_reads import host_checks
-from coolsd.models.chameleon import ChameleonLM, load_chameleon
+from coolsd.engine import batch_invariant
+from coolsd.engine.decoding.sampling import cfg_combine
+from coolsd.engine.host_reads import host_checks
+from coolsd.engine.model_protocol import StepOut
+from coolsd.models.chameleon import HF_SOURCE, ChameleonLM, load_chameleon
+from coolsd.models.chameleon_vq import CHAMELEON_VQGAN, load_vqgan
 from coolsd.models.kv_cache import KVCache
-from coolsd.protocols import StepOut
+from coolsd.util.loading import reading
 
 PROMPT_TEMPLATE = "Generate an image of {width}x{height} according to the following prompt:\n{caption}"
 
@@ -168,8 +170,8 @@ class LuminaTarget:
     ``decoder``: a ``ChameleonVQ`` (``decode_codes(codes, h, w)``) or a callable codes -> images.
     ``prefill_features="all"``: ``begin``'s hidden carries every prefill slot's feature (B, L,
     [2,] H), right-aligned with zeros before a row's first slot (the EAGLE drafter's text
-    prefix, ``coolsd.drafters.eagle_lumina``); "last": only the last slot's.
-    Under ``coolsd.batch_invariant`` with B > 1 every sample runs in its own batch-1 target.
+    prefix, ``coolsd.models.eagle.lumina``); "last": only the last slot's.
+    Under ``coolsd.engine.batch_invariant`` with B > 1 every sample runs in its own batch-1 target.
     """
 
     def __init__(
@@ -209,7 +211,7 @@ class LuminaTarget:
         self._rows = vocab.code_to_bpe.to(model.device)  # lm_head rows / embedding ids of codes 0..n-1
         self.cache: Optional[KVCache] = None
         self.batch_size = 0
-        self._alone: Optional[list] = None  # under coolsd.batch_invariant: one batch-1 target per sample
+        self._alone: Optional[list] = None  # under coolsd.engine.batch_invariant: one batch-1 target per sample
 
     @property
     def guided(self) -> bool:
@@ -304,7 +306,7 @@ class LuminaTarget:
         return out
 
     def _begin_alone(self, prompts: list) -> StepOut:
-        """``begin`` under ``coolsd.batch_invariant`` for B > 1: every sample runs in its own batch-1
+        """``begin`` under ``coolsd.engine.batch_invariant`` for B > 1: every sample runs in its own batch-1
         target over the same model (the newline slots of a shared forward exist wherever ANY sample
         has a row end, so a sample's attention spans, hence its last bits, would depend on the others)."""
         self.cache = None  # freed before the per-sample caches are allocated
@@ -449,9 +451,6 @@ def load_lumina_target(
     """The real target from local files: the Lumina-mGPT checkpoint folder (config.json with
     ``vocabulary_map``, safetensors shards; huggingface.co/Alpha-VLLM/Lumina-mGPT-7B-768) and
     Meta's ``vqgan.ckpt`` (None: no decoder). Structural token ids are checked against the map."""
-    from coolsd.loading import reading
-    from coolsd.models.chameleon import HF_SOURCE
-    from coolsd.models.chameleon_vq import CHAMELEON_VQGAN, load_vqgan
 
     model, hf = load_chameleon(folder, dtype=dtype, device=device)
     vq_config = vq_config or CHAMELEON_VQGAN

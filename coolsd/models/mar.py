@@ -2,7 +2,7 @@
 file: the masked encoder-decoder ViT that turns the known tokens into one condition vector z per
 position, and the DiffLoss head ``SimpleMLPAdaLN`` that turns (noisy token, timestep, z) into
 (epsilon, v). Parameter names are upstream's, so ``checkpoint-last.pth`` ("model_ema") loads with
-``strict=True`` (``load_mar``). The continuous speculative loop (``coolsd.continuous.generate``)
+``strict=True`` (``load_mar``). The continuous speculative loop (``coolsd.engine.continuous.generate``)
 uses only ``conditions`` and ``head``; the toy continuous world uses the same classes, tiny.
 
 Invariants (continuous_sd.md 1.2-1.5):
@@ -25,7 +25,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from coolsd.protocols import NULL_LABEL  # noqa: F401  (-1: the unconditional branch, MAR's ``fake_latent``)
+from coolsd.engine.model_protocol import NULL_LABEL  # noqa: F401  (-1: the unconditional branch, MAR's ``fake_latent``)
+from coolsd.util.loading import check_state_dict, read_torch_checkpoint
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,7 @@ class SimpleMLPAdaLN(nn.Module):
 
 class DiffLoss(nn.Module):
     """Holds ``net`` (upstream's key prefix ``diffloss.net.``); the diffusion itself lives in
-    ``coolsd.continuous.diffusion`` and ``coolsd.models.mar_loss``."""
+    ``coolsd.engine.continuous.diffusion`` and ``coolsd.models.mar_loss``."""
 
     def __init__(self, cfg: MARConfig):
         super().__init__()
@@ -244,7 +245,6 @@ def load_mar(path, cfg: MARConfig, dtype=torch.float32, device="cpu", model_cls=
     so Namespace (and nothing else) is allowed."""
     import argparse
 
-    from coolsd.loading import check_state_dict, read_torch_checkpoint
 
     state = read_torch_checkpoint(path, "MAR checkpoint", MAR_SOURCE, keys=("model_ema", "model"),
                                   allow=(argparse.Namespace,))

@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from coolsd.continuous.diffusion import cosine_alphas_bar
+from coolsd.engine.continuous.diffusion import cosine_alphas_bar
 from coolsd.models.mar import MAR, NULL_LABEL
 
 

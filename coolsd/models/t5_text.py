@@ -18,6 +18,9 @@ from typing import Sequence
 
 import torch
 
+from coolsd.models.caption_clean import preprocess_caption
+from coolsd.util.loading import MissingInputFile, reading
+
 T5_SOURCE = "https://huggingface.co/google/flan-t5-xl (the whole folder: config.json, tokenizer files, weights)"
 
 
@@ -33,7 +36,6 @@ def left_pad(embs: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torc
 
 def check_model_folder(path, what: str, source: str, needs: Sequence[str] = ("config.json",)) -> Path:
     """A local Hugging Face model folder with the given files, or an error naming it and its source."""
-    from coolsd.loading import MissingInputFile
 
     d = Path(os.fspath(path)) if path else None
     if d is None or not d.is_dir():
@@ -56,7 +58,6 @@ class T5CaptionEncoder:
     def from_folder(cls, path, dtype: torch.dtype = torch.bfloat16, device="cpu", **kw) -> "T5CaptionEncoder":
         from transformers import AutoTokenizer, T5EncoderModel  # lazy: transformers imports slowly
 
-        from coolsd.loading import reading
 
         d = check_model_folder(path, "FLAN-T5-XL", T5_SOURCE)
         with reading(d, "a FLAN-T5-XL model folder (config.json, tokenizer files, weights)", T5_SOURCE):
@@ -66,8 +67,6 @@ class T5CaptionEncoder:
         return cls(model, tok, **kw)
 
     def preprocess(self, caption: str) -> str:
-        from coolsd.models.caption_clean import preprocess_caption
-
         return preprocess_caption(caption, clean=self.clean)
 
     @torch.no_grad()

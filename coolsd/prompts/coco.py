@@ -1,4 +1,4 @@
-"""MS-COCO 2017 val prompts as LANTERN / COOL-SD evaluate (METHODS.md 6): the longest caption
+"""MS-COCO 2017 val prompts as LANTERN / COOL-SD evaluate (docs/methods.md#6-evaluation-protocol): the longest caption
 of each of the 5,000 val images, from a user-supplied ``captions_val2017.json``.
 
 Derivation (LANTERN ``data/prompts/preprocess.py``), kept exactly, quirks included:
@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from coolsd.loading import read_json, reading
-from coolsd.records import sha256_file
+from coolsd.util.loading import read_json, reading
+from coolsd.util.records import sha256_file
 
 SOURCE = ("annotations_trainval2017.zip from https://cocodataset.org/#download "
           "(http://images.cocodataset.org/annotations/annotations_trainval2017.zip), "

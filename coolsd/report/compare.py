@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from coolsd.records import read_records
-from coolsd.stats import mean_ci
+from coolsd.util.records import read_records
+from coolsd.util.stats import mean_ci
 
 
 def _by_prompt(records: list[dict], method: str, metric: str) -> dict[int, tuple[int, float]]:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from coolsd.records import read_records
-from coolsd.stats import ratio_ci
-from coolsd.summary import metric_ci
+from coolsd.job.summary import metric_ci
+from coolsd.util.records import read_records
+from coolsd.util.stats import ratio_ci
 
 # parameters a method derives from the user's (or that name its parts), left out of its label
 DERIVED_PARAMS = ("method", "drafter", "rule", "omega")
@@ -59,9 +59,9 @@ def summary_frame(df: pd.DataFrame, metrics=("accepted_length", "latency_s", "ta
                   ) -> pd.DataFrame:
     """One row per configuration (``config``) of a consolidated table: for each metric its mean
     and 95% CI over samples (columns m, m_lo, m_hi; the interval of its domain,
-    ``coolsd.summary.metric_ci``; NaN bounds with one sample), and ``speedup`` = mean AR latency / mean
+    ``coolsd.job.summary.metric_ci``; NaN bounds with one sample), and ``speedup`` = mean AR latency / mean
     latency with a paired bootstrap CI, where AR (the run's one ``ar`` configuration; for CSpD's
-    exact mode ``ar final_noise=True``) ran in the same run on the same prompts (METHODS.md 6).
+    exact mode ``ar final_noise=True``) ran in the same run on the same prompts (docs/methods.md#6-evaluation-protocol).
     Columns ``tag`` (= config) and ``family`` (the method) fit ``pareto_plot``."""
     rows = []
     is_ar = df["config"].str.split(" ").str[0] == "ar"

@@ -1,4 +1,4 @@
-"""The COOL-SD paper's Table 2 (METHODS.md section 7; A100 40GB), transcribed as data."""
+"""The COOL-SD paper's Table 2 (docs/methods.md#7-reference-numbers; A100 40GB), transcribed as data."""
 from __future__ import annotations
 
 # (target, method row label, our method spec, CLIP, FID, ImageReward, accepted length, latency s, speed-up)
@@ -8,7 +8,7 @@ TABLE2 = [
     ("lumina_mgpt", "Eagle-1", ("eagle", {}), 0.3330, 29.05, 0.6883, 2.76, 71.66, 2.37),
     ("lumina_mgpt", "LANTERN++ (lam=2, k=10)", ("lantern_pp", {"lam": 2.0, "k": 10}), 0.3328, 30.31, 0.6697, 2.99, 68.64, 2.48),
     ("lumina_mgpt", "COOL-SD delta=1.1", ("coolsd", {"delta": 1.1}), 0.3325, 30.30, 0.6699, 3.11, 63.24, 2.69),
-    # not a row of the paper's Table 2: its text gives SJD on Lumina-mGPT about 2.06x (METHODS.md 7)
+    # not a row of the paper's Table 2: its text gives SJD on Lumina-mGPT about 2.06x (docs/methods.md#7-reference-numbers)
     ("lumina_mgpt", "SJD", ("sjd", {}), None, None, None, None, None, 2.06),
     ("llamagen_xl", "AR", ("ar", {}), None, None, None, 1.00, None, 1.00),
     ("llamagen_xl", "Eagle-1", ("eagle", {}), 0.3157, 20.97, -0.0859, 2.42, 4.99, 2.03),

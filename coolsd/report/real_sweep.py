@@ -1,8 +1,8 @@
 """Table 2 on a real target (``make paper-table2 TARGETS=llamagen_xl``): the rows of the paper's
 table run as the sweep ``experiments/experiment/table2_<target>.yaml`` defines them (tree,
 COCO prompts, one run per row with AR as its own row), on one loaded target, then the image
-metrics of every run from its records and PNGs (``coolsd.evaluate``). Speed-ups pair each row
-with the AR run on the same prompts and seeds (METHODS.md 6).
+metrics of every run from its records and PNGs (``coolsd.cli.evaluate``). Speed-ups pair each row
+with the AR run on the same prompts and seeds (docs/methods.md#6-evaluation-protocol).
 
 Everything a run needs is checked before any work: the target's and drafter's files, the COCO
 captions, and the metric weights and reference images.
@@ -15,12 +15,12 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from coolsd.evaluate import evaluate_run
-from coolsd.job import run_job
-from coolsd.records import read_records
+from coolsd.cli.evaluate import evaluate_run
+from coolsd.cli.runner import compose
+from coolsd.job.generation import run_job
 from coolsd.report.paper import table2_rows, tag_of
-from coolsd.runner import compose
-from coolsd.stats import ratio_ci
+from coolsd.util.records import read_records
+from coolsd.util.stats import ratio_ci
 from coolsd.worlds import load_world, world_class
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +40,7 @@ def row_configs(target: str, prompts: int, records: Path, overrides=()) -> list[
                             f"+out_dir={records / row}", *overrides)) for label, row in zip(labels, rows)]
 
 
-def missing_inputs(cfg, metrics: dict) -> list[str]:
+def sweep_missing_inputs(cfg, metrics: dict) -> list[str]:
     """Files the sweep lacks: its world's list (target, drafter, COCO captions), then metrics."""
     out = list(world_class(cfg.target.name).missing_files(cfg))
     for name, (path, source) in metrics.items():

@@ -1,4 +1,4 @@
-"""``make sota-table TARGETS=toy|lumina_mgpt|llamagen_xl`` (issue 18, item 7): the field's best
+"""``make sota-table TARGETS=toy|lumina_mgpt|llamagen_xl``: the field's best
 parallel decoders beside the drafted methods, on ONE loaded target, with ONE protocol.
 
 Rows (``SOTA_ROWS``): AR, EAGLE-1, COOL-SD at delta 1.1 and 2, SJD (random and SJD's best
@@ -7,7 +7,7 @@ depth 3; docs/sjd_pac.md), GSD. Columns: accepted tokens per target forward
 (image tokens / target forwards, per image: for drafted methods this differs from the accepted
 length only by the prefill), target forwards per image, latency, the speed-up over the AR row
 paired by prompt, the protocol's quality metrics (toy: toy_fid / toy_clip; real targets: the
-LANTERN protocol's FID / CLIP of ``coolsd.evaluate``), the exact distortion summed over the image
+LANTERN protocol's FID / CLIP of ``coolsd.cli.evaluate``), the exact distortion summed over the image
 (``step_tv``; 0 for lossless methods), all with 95% CIs. Each paper's own numbers sit in a
 separate column labelled with ITS protocol and baseline (``REPORTED``): they are comparable only
 within one paper (Lumina-mGPT's AR latency is 102, 122, 170 or 197 s depending on the paper).
@@ -23,12 +23,18 @@ from pathlib import Path
 
 import pandas as pd
 
-from coolsd.methods import method_info
-from coolsd.records import read_records, write_json_atomic
+from coolsd.cli.runner import compose
+from coolsd.engine import plugins
+from coolsd.engine.methods import check_method, method_info
 from coolsd.report.compare import paired_comparison
 from coolsd.report.paper import tag_of
+from coolsd.report.real_sweep import real_table2_sweep
 from coolsd.report.sweep import ROOT, ci_text, sweep_frame, toy_sweep
-from coolsd.stats import POSITIVE, mean_ci
+from coolsd.report.table2 import report_args, report_prelude
+from coolsd.theory.sweep import parse_value
+from coolsd.util.records import read_records, write_json_atomic
+from coolsd.util.stats import POSITIVE, mean_ci
+from coolsd.worlds import world_class
 
 # (label, method, params); the Jacobi methods' window: 16 on real targets (SJD's default), 8 on
 # the toy world's 64-token images (``toy_params``)
@@ -72,10 +78,11 @@ COLUMNS = {"tokens_per_forward": "tokens / target forward", "target_forwards": "
 QUALITY = {"toy": ("toy_fid", "toy_clip"), "real": ("fid", "clip_score")}
 
 
-def rows_for(target: str) -> list[tuple[str, str, str, dict]]:
-    """(label, tag, method, params) of every row on ``target`` (the toy world: window 8)."""
+def rows_for(target: str, extra=()) -> list[tuple[str, str, str, dict]]:
+    """(label, tag, method, params) of every row on ``target`` (the toy world: window 8);
+    ``extra``: (label, method, params) rows of any registered method (``--row``), after the built-in ones."""
     out = []
-    for label, method, params in SOTA_ROWS:
+    for label, method, params in [*SOTA_ROWS, *extra]:
         p = dict(params)
         if target == "toy" and method_info(method).jacobi:
             p.setdefault("window", TOY_WINDOW)
@@ -88,11 +95,11 @@ def tokens_per_forward(records: list[dict], n_tokens: int) -> dict:
     return mean_ci([n_tokens / r["target_forwards"] for r in records], domain=POSITIVE, name="tokens per forward")
 
 
-def build_table(target: str, table: dict, per_tag_records: dict, n_tokens: int) -> pd.DataFrame:
+def build_table(target: str, table: dict, per_tag_records: dict, n_tokens: int, extra=()) -> pd.DataFrame:
     df = sweep_frame(table).set_index("tag")
     quality = QUALITY["toy" if target == "toy" else "real"]
     rows = []
-    for label, tag, method, _ in rows_for(target):
+    for label, tag, method, _ in rows_for(target, extra):
         row = {"target": target, "method": label, "tag": tag}
         tpf = tokens_per_forward(per_tag_records[tag], n_tokens)
         row.update(tokens_per_forward=tpf["mean"], tokens_per_forward_lo=tpf.get("lo"), tokens_per_forward_hi=tpf.get("hi"))
@@ -124,17 +131,40 @@ def write_tables(df: pd.DataFrame, out: Path, quality: tuple[str, ...]) -> None:
     df.to_csv(out / "sota.csv", index=False)
 
 
-def main(argv=None):
-    from coolsd.report.table2 import report_args, report_prelude
+def parse_row(words: list[str]) -> tuple[str, str, dict]:
+    """``--row NAME [KEY=V ...]``: a (label, method, params) row of any registered method, checked
+    against its registry entry (one line naming the bad value before any work)."""
+    name, *sets = words
+    params = {}
+    for spec in sets:
+        key, eq, val = spec.partition("=")
+        if not eq or not key:
+            raise SystemExit(f"--row {name}: {spec!r} is not KEY=V")
+        params[key] = parse_value(val)
+    try:
+        check_method(name, "discrete", params)
+    except ValueError as e:
+        raise SystemExit(f"--row {' '.join(words)}: {e}") from None
+    return (" ".join(words), name, params)
 
-    a = report_args(__doc__, "sota", 120).parse_args(argv)
-    targets, records_root, scorers = report_prelude(a, "sota", "sota-table", real_configs)
+
+def main(argv=None):
+    ap = report_args(__doc__, "sota", 120)
+    ap.add_argument("--include", action="append", default=[], metavar="PATH",
+                    help="register methods from this file or folder first (docs/add_method.md)")
+    ap.add_argument("--row", nargs="+", action="append", default=[], metavar="NAME KEY=V",
+                    help="an extra row: a registered method and its parameters, e.g. --row coolsd delta=1.5 schedule=linear")
+    a = ap.parse_args(argv)
+    plugins.load(a.include)
+    extra = [parse_row(w) for w in a.row]
+    targets, records_root, scorers = report_prelude(a, "sota", "sota-table",
+                                                    lambda *args: real_configs(*args, extra=extra))
     frames, summaries, tests = [], {}, {}
     for t in targets:
-        res, recs, n_tokens = run_target(t, a.prompts, records_root / t, scorers, a.override)
+        res, recs, n_tokens = run_target(t, a.prompts, records_root / t, scorers, a.override, extra)
         tests[t] = coupling_test(recs)
         summaries[t] = {"env": res["env"], "results": res["table"], "mc_sjd_minus_sjd_target_forwards": tests[t]}
-        frames.append(build_table(t, res["table"], recs, n_tokens))
+        frames.append(build_table(t, res["table"], recs, n_tokens, extra))
     df = pd.concat(frames, ignore_index=True)
     write_tables(df, a.out, QUALITY["toy"] if targets == ["toy"] else tuple(dict.fromkeys(
         q for t in targets for q in QUALITY["toy" if t == "toy" else "real"])))
@@ -160,36 +190,33 @@ def coupling_line(x: dict) -> str:
             f"(means {x['mean_a']:.2f} vs {x['mean_b']:.2f}, paired t-test p = {x['p_value']:.3g}, n = {x['n']})")
 
 
-def real_configs(target: str, prompts: int, records: Path, overrides=()) -> list[tuple[str, object]]:
+def real_configs(target: str, prompts: int, records: Path, overrides=(), extra=()) -> list[tuple[str, object]]:
     """(tag, composed job config) per row on a real target: ``experiments/experiment/sota_<target>.yaml``
     (target, COCO prompts, AR as its own row) with the row's method and parameters."""
-    from coolsd.runner import compose
 
     exp = ROOT / "experiments" / "experiment" / f"sota_{target}.yaml"
     if not exp.is_file():
         raise ValueError(f"no state-of-the-art sweep for target {target!r} ({exp.relative_to(ROOT)} is missing)")
     out = []
-    for _, tag, method, params in rows_for(target):
+    for _, tag, method, params in rows_for(target, extra):
         sets = [f"method.{k}={v}" for k, v in params.items()]
         out.append((tag, compose(f"+experiment=sota_{target}", f"method={method}", *sets, f"dataset.n_prompts={prompts}",
                                  f"+out_dir={records / tag}", *overrides)))
     return out
 
 
-def run_target(target: str, prompts, records: Path, scorers, overrides=()):
+def run_target(target: str, prompts, records: Path, scorers, overrides=(), extra=()):
     """(sweep result as ``toy_sweep`` / ``real_table2_sweep`` return it, records per tag, tokens per image)."""
     if target == "toy":
-        res = toy_sweep([(tag, m, p) for _, tag, m, p in rows_for("toy")], prompts or 120, records)
+        res = toy_sweep([(tag, m, p) for _, tag, m, p in rows_for("toy", extra)], prompts or 120, records)
         by_tag: dict = {}
         for r in read_records(records / "samples.jsonl"):
             by_tag.setdefault(r["method"], []).append(r)
         return res, by_tag, res["world"].target.n_image_tokens
-    from coolsd.report.real_sweep import real_table2_sweep
 
-    configs = real_configs(target, prompts or 5000, records, overrides)
+    configs = real_configs(target, prompts or 5000, records, overrides, extra)
     res = real_table2_sweep(target, prompts or 5000, records, scorers, overrides, configs=configs)
     by_tag = {tag: read_records(Path(res["runs"][tag]) / "samples.jsonl") for tag, _ in configs}
-    from coolsd.worlds import world_class
 
     return res, by_tag, world_class(target).image_tokens(configs[0][1])
 

@@ -1,6 +1,6 @@
 """One interleaved sweep on the toy world: several method configurations and AR on the same
 prompts at batch 1 in one run folder of the generation job, so that every speed-up is a ratio
-measured side by side (METHODS.md 6). Used by ``make demo`` (benchmarks/toy_sweep.py) and
+measured side by side (docs/methods.md#6-evaluation-protocol). Used by ``make demo`` (benchmarks/toy_sweep.py) and
 ``make paper-table2 TARGETS=toy``; ``sweep_frame`` turns any summary table into plot rows."""
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from coolsd.job import run_identity, run_shard
-from coolsd.runner import compose
-from coolsd.summary import results_table
-from coolsd.timing import cpu_name
+from coolsd.cli.runner import compose
+from coolsd.engine.timing import cpu_name
+from coolsd.job.generation import run_identity, run_shard
+from coolsd.job.summary import results_table
 from coolsd.worlds import load_world
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,9 +24,9 @@ def toy_sweep(specs: list[tuple[str, str, dict]], prompts: int, records: Path, *
               draft_length: int = 4, seed: int = 0, assets=None, batch_size: int = 1, threads: int = 1) -> dict:
     """``specs``: (tag, method, params); must include ("ar", "ar", {}). Records and images go to
     ``records`` (resumable: an interrupted sweep continues where it stopped), through the
-    generation job (``coolsd.job``), at batch 1 on one thread unless told otherwise (a quality
+    generation job (``coolsd.job.generation``), at batch 1 on one thread unless told otherwise (a quality
     sweep, ``make claims``, runs batched). Returns {"env", "table" (per tag, as
-    ``coolsd.summary.results_table``), "outputs", "scenes", "world"}."""
+    ``coolsd.job.summary.results_table``), "outputs", "scenes", "world"}."""
     if "ar" not in [t for t, *_ in specs]:
         raise ValueError("a sweep needs the AR baseline (tag 'ar') for its speed-ups")
     torch.set_num_threads(threads)

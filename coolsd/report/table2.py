@@ -1,5 +1,5 @@
 """``make paper-table2``: the COOL-SD paper's Table 2 layout for the configured targets, our
-numbers with 95% CIs beside the paper's (METHODS.md 7) and the difference, as Markdown, CSV and
+numbers with 95% CIs beside the paper's (docs/methods.md#7-reference-numbers) and the difference, as Markdown, CSV and
 LaTeX, plus Pareto plots and the paired t-test of accepted length (COOL-SD vs LANTERN++).
 
 ``--targets toy`` runs anywhere: the toy world has no paper numbers, so its rows are LlamaGen's
@@ -16,16 +16,27 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from coolsd.records import read_records, write_json_atomic
+
+from coolsd.cli.evaluate import build_scorers
+from coolsd.metrics.clip_score import CLIP_HF_REPO
+from coolsd.metrics.image_reward import SOURCE as IR_SOURCE
+from coolsd.metrics.inception import WEIGHTS_URL, default_inception_path
+from coolsd.metrics.reference import COCO_IMAGES_SOURCE
 from coolsd.report.compare import paired_comparison
 from coolsd.report.paper import TABLE2_COLUMNS, table2_rows, tag_of
 from coolsd.report.plots import pareto_plot
-from coolsd.report.real_sweep import missing_inputs, real_table2_sweep, row_configs
+from coolsd.report.real_sweep import real_table2_sweep, row_configs, sweep_missing_inputs
 from coolsd.report.sweep import ROOT, ci_text, sweep_frame, toy_sweep
+from coolsd.util.records import read_records, write_json_atomic
 from coolsd.worlds import world_class
 
 SPEED = {c: c for c in ("accepted_length", "latency_s", "speedup")}
-# issue 15's signals (ours only): exact distortion summed over the image, NLL shift of what was emitted vs AR
+# the paper's metric -> our summary key, per target; the toy worlds report their toy metrics in the
+# paper's places (toy_clip for CLIP, toy_fid for FID; no ImageReward); the lab has no image metric
+REAL_PAPER_METRICS = {"clip_score": "clip_score", "fid": "fid", "image_reward": "image_reward"}
+TOY_PAPER_METRICS = {"clip_score": "toy_clip", "fid": "toy_fid", "image_reward": None}
+PAPER_METRICS = {"toy": TOY_PAPER_METRICS, "toy_continuous": TOY_PAPER_METRICS, "tabular": {}}
+# the per-token quality signals (ours only; docs/signals.md): exact distortion summed over the image, NLL shift of what was emitted vs AR
 SIGNALS = {"step_tv": "step TV (sum/image)", "target_nll_minus_ar": "target NLL - AR (nats/token)",
            "target_nll_expected_minus_ar": "expected target NLL - AR (nats/token)",
            "off_support_minus_ar": "off-support - AR (fraction)"}
@@ -47,10 +58,6 @@ def check_target(target: str):
 
 def metric_inputs(a) -> dict:
     """name -> (path, source) of what the real-target metrics need (ImageReward only when set)."""
-    from coolsd.metrics.clip_score import CLIP_HF_REPO
-    from coolsd.metrics.image_reward import SOURCE as IR_SOURCE
-    from coolsd.metrics.inception import WEIGHTS_URL, default_inception_path
-    from coolsd.metrics.reference import COCO_IMAGES_SOURCE
 
     out = {"CLIP model folder": (a.clip, f"https://huggingface.co/{CLIP_HF_REPO} [$CLIP_DIR]"),
            "Inception weights": (a.inception or default_inception_path(), f"{WEIGHTS_URL} [$INCEPTION_WEIGHTS]"),
@@ -62,8 +69,7 @@ def metric_inputs(a) -> dict:
 
 
 def real_scorers(a) -> dict:
-    """The metric networks of ``coolsd.evaluate``, built once for every run of the sweep."""
-    from coolsd.evaluate import build_scorers
+    """The metric networks of ``coolsd.cli.evaluate``, built once for every run of the sweep."""
 
     return build_scorers(["clip_score", "fid"] + (["image_reward"] if a.ir_checkpoint else []), clip=a.clip,
                          inception=a.inception, coco_images=a.coco_images, ir_checkpoint=a.ir_checkpoint,
@@ -73,7 +79,7 @@ def real_scorers(a) -> dict:
 
 def build_table(target: str, table: dict) -> pd.DataFrame:
     df = sweep_frame(table).set_index("tag")
-    ours = {**world_class(target).paper_metrics, **SPEED}
+    ours = {**PAPER_METRICS.get(target, REAL_PAPER_METRICS), **SPEED}
     rows = []
     for r in table2_rows(target):
         tag = tag_of(r["method"], r["params"])
@@ -175,7 +181,7 @@ def report_prelude(a, name: str, make: str, configs):
     missing = []
     for t in (t for t in targets if t != "toy"):
         cfg = configs(t, a.prompts or 5000, records_root / t, a.override)[0][1]
-        missing += [f"{t}: {m}" for m in missing_inputs(cfg, metric_inputs(a))]
+        missing += [f"{t}: {m}" for m in sweep_missing_inputs(cfg, metric_inputs(a))]
     if missing:
         raise SystemExit(f"make {make} cannot run; missing:\n  " + "\n  ".join(missing))
     scorers = real_scorers(a) if any(t != "toy" for t in targets) else None

@@ -1,14 +1,14 @@
 """Exact output distribution and expected rounds of chain speculative decoding on tabular
-models: the test oracle. Written directly from METHODS.md 1.3 and 3 in numpy, sharing no
+models: the test oracle. Written directly from docs/methods.md#13-verification-at-one-tree-depth-d and #3-lantern-and-lantern in numpy, sharing no
 decoding code with the production engine (only the omega schedule formula and the neighbour
 table, which are data).
 
-Lab protocol (issue #2): generation starts from the empty prefix; each round drafts
+Lab protocol: generation starts from the empty prefix; each round drafts
 L' = min(L, N - |prefix|) tokens along a chain; a fully accepted round emits a bonus token only
 if there is room.
 
 Besides the sequence distribution, the oracle gives the expected per-token distortion summed
-over the sequence, E[sum_t TV(pi_t, p_t)] and E[sum_t KL(pi_t || p_t)] (METHODS.md 10,
+over the sequence, E[sum_t TV(pi_t, p_t)] and E[sum_t KL(pi_t || p_t)] (docs/methods.md#10-exact-per-token-distortion,
 docs/distortion.md): the quantities whose per-image sums the production loop records.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ def _norm(v, fallback):
 
 
 def _aggregate(p, nb, x, k, lam, delta):
-    """LANTERN p~(x) and whether m* exists (METHODS.md 3), by explicit loop."""
+    """LANTERN p~(x) and whether m* exists (docs/methods.md#3-lantern-and-lantern), by explicit loop."""
     budget = (lam - 1) * p[x] if lam is not None else delta
     c, c_star, relaxed = 0.0, 0.0, False
     for m in range(k):
@@ -47,7 +47,7 @@ def kl_divergence(a: np.ndarray, b: np.ndarray) -> float:
 
 class ChainOracle:
     """Exact chain-drafting statistics by explicit enumeration, an implementation of each method's
-    acceptance and residual of its own (independent of ``coolsd.decoding.rules``), for the methods
+    acceptance and residual of its own (independent of ``coolsd.engine.decoding.rules``), for the methods
     it implements, ``METHODS``."""
 
     METHODS = ("eagle", "uniform_rsd", "coolsd", "lantern", "lantern_pp")

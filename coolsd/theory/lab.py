@@ -4,15 +4,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from coolsd.decoding.lantern import CodebookNeighbours, neighbours_from_codebook
-from coolsd.decoding.rng import SharedRNG
-from coolsd.drafting import SamplingConfig, build_drafter
-from coolsd.generate import speculative_generate
-from coolsd.methods import build_method, method_info
+from coolsd.engine.decoding.lantern import CodebookNeighbours, neighbours_from_codebook
+from coolsd.engine.decoding.rng import SharedRNG
+from coolsd.engine.drafting import SamplingConfig, build_drafter
+from coolsd.engine.loop import speculative_generate
+from coolsd.engine.methods import build_method, method_info
 from coolsd.theory.exact import ChainOracle, kl_divergence
 from coolsd.theory.stats import total_variation
 from coolsd.theory.tabular import TabularAR
-
 
 
 def has_exact_stats(method: str) -> bool:

@@ -12,10 +12,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from coolsd.methods import check_params, method_info
+from coolsd.engine import plugins
+from coolsd.engine.methods import check_params, method_info
 from coolsd.theory.lab import exact_stats, has_exact_stats, sample_stats
 from coolsd.theory.stats import total_variation
 from coolsd.theory.tabular import TabularAR
+from coolsd.util.errors import ConfigError
 
 DELTAS = (1.0, 1.25, 1.5, 2.0, 3.0, 4.0)
 LAMS = (1.0, 1.5, 2.0, 3.0, 5.0)
@@ -30,7 +32,7 @@ CURVES = {
 }
 
 
-# training-free parallel decoders (issue 18): the target drafts for itself through SJD's window
+# training-free parallel decoders: the target drafts for itself through SJD's window
 # (W = draft_length + 1), so their rounds carry drafts across rounds and have no exact solver here;
 # their TV is that of n sampled sequences through the production loop (sample_stats), plotted
 # beside the same statistic of n i.i.d. draws from the target (the sampling noise floor: a lossless
@@ -89,7 +91,7 @@ def parse_curve(words: list[str]) -> tuple[str, list[dict]]:
         key, eq, values = spec.partition("=")
         if not eq or not values:
             raise ValueError(f"--curve {name}: {spec!r} is not KEY=V1,V2,...")
-        cols[key] = [_value(v) for v in values.split(",")]
+        cols[key] = [parse_value(v) for v in values.split(",")]
     n = max((len(v) for v in cols.values()), default=1)
     if any(len(v) not in (1, n) for v in cols.values()):
         raise ValueError(f"--curve {name}: the swept keys list different numbers of values: {cols}")
@@ -97,7 +99,7 @@ def parse_curve(words: list[str]) -> tuple[str, list[dict]]:
     return " ".join(words), points
 
 
-def _value(text: str):
+def parse_value(text: str):
     if text == "null":
         return None
     for kind in (int, float):
@@ -181,12 +183,10 @@ def main(argv=None):
                     help="sequences per sampled point of the parallel decoders (0: exact curves only)")
     ap.add_argument("--out", type=Path, default=Path("results/theory"))
     ap.add_argument("--include", action="append", default=[], metavar="PATH",
-                    help="a Python file or folder of them that registers methods (coolsd.plugins)")
+                    help="a Python file or folder of them that registers methods (coolsd.engine.plugins)")
     ap.add_argument("--curve", action="append", nargs="+", default=[], metavar="WORD",
                     help="NAME KEY=V1,V2,...: a curve of any registered method (repeatable)")
     a = ap.parse_args(argv)
-    from coolsd import plugins
-    from coolsd.errors import ConfigError
 
     try:
         plugins.load(a.include)

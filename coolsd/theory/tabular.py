@@ -12,7 +12,7 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 import torch
 
-from coolsd.protocols import StepOut
+from coolsd.engine.model_protocol import StepOut
 
 
 def _check_row(prefix, row, V):

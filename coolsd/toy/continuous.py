@@ -1,4 +1,4 @@
-"""The toy continuous world (issue 7; continuous_sd.md 4.1): the toy scenes (coolsd.toy.scenes)
+"""The toy continuous world (continuous_sd.md 4.1): the toy scenes (coolsd.toy.scenes)
 as 8x8 grids of continuous 16-dim tokens, and a MAR target and a smaller MAR draft over them.
 
 * ``PatchPCA``: the continuous "autoencoder": each 4x4x3 patch -> its top-16 principal
@@ -25,11 +25,11 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from coolsd.models.mar import MAR, NULL_LABEL, MARConfig
 from coolsd.models.mar_loss import mar_loss
-from coolsd.models.mar import NULL_LABEL, MAR, MARConfig
-from coolsd.records import sha256_file, write_json_atomic
-from coolsd.toy.weights import read_weights, save_weights
 from coolsd.toy.scenes import ATTRIBUTES, IMAGE_SIZE, render_batch, sample_scenes
+from coolsd.toy.weights import read_weights, save_weights
+from coolsd.util.records import sha256_file, write_json_atomic
 
 PATCH = 4
 TOKEN_DIM = 16

@@ -35,8 +35,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from coolsd.toy.weights import REBUILD, read_weights, save_weights
 from coolsd.toy.scenes import IMAGE_SIZE, render_batch, sample_scenes
+from coolsd.toy.weights import REBUILD, read_weights, save_weights
 
 # Scenes for tokenizer training are drawn from sample_scenes(pool, TRAIN_SEED_BASE + seed);
 # the held-out metrics use HELDOUT_SEED. Both are far from the small seeds used for evaluation.

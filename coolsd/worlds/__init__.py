@@ -1,38 +1,46 @@
 """The world registry: a target name (``target=<name>``, conf/target/<name>.yaml) -> the world
-class that assembles it, as a lazy ``"module:Class"`` string (registering imports nothing, so the
-registry can never create an import cycle). A new target is its model file(s), one world file
-(or an existing world class), one conf file and one line here."""
+class that assembles it. Every world registers itself (``World.targets``, beside its code): the
+package's own worlds are every module of this folder, imported on the first lookup; a world from
+outside the package registers when its file is included (``run.py --include PATH``,
+``coolsd.engine.plugins``). A new target is its model file(s), one world file and one conf file
+(docs/add_target.md)."""
 from __future__ import annotations
 
 import importlib
+import pkgutil
 
-WORLDS = {
-    "toy": "coolsd.worlds.toy:ToyWorld",
-    "toy_continuous": "coolsd.worlds.toy_continuous:ToyContinuousWorld",
-    "llamagen_xl": "coolsd.worlds.llamagen:LlamaGenWorld",
-    "llamagen_xl_512": "coolsd.worlds.llamagen:LlamaGenWorld",
-    "lumina_mgpt": "coolsd.worlds.lumina:LuminaWorld",
-    "mar_h": "coolsd.worlds.mar:MARWorld",
-    "mar_l": "coolsd.worlds.mar:MARWorld",
-    "tabular": "coolsd.worlds.tabular:TabularWorld",
-}
+from coolsd.worlds.base import REGISTERED
+from coolsd.worlds.files import require_files
+
+
+def _discover() -> dict:
+    """Every world of this package, registered by importing its modules (once)."""
+    if not getattr(_discover, "done", False):
+        for m in pkgutil.iter_modules(__path__):
+            importlib.import_module(f"{__name__}.{m.name}")
+        _discover.done = True
+    return REGISTERED
 
 
 def world_names() -> list[str]:
-    return sorted(WORLDS)
+    return sorted(_discover())
 
 
 def world_class(name: str):
-    """The world class registered for target ``name`` (imported on first use)."""
-    if name not in WORLDS:
+    """The world class registered for target ``name``."""
+    worlds = _discover()
+    if name not in worlds:
         raise ValueError(f"unknown target {name!r}; valid: {', '.join(world_names())}")
-    module, _, cls = WORLDS[name].partition(":")
-    return getattr(importlib.import_module(module), cls)
+    return worlds[name]
+
+
+def target_schemas() -> dict:
+    """Schema name -> the target config dataclass of every registered world (``World.schema``)."""
+    return dict(cls.schema for cls in _discover().values() if cls.schema is not None)
 
 
 def load_world(cfg):
     """The world of a composed job config, after checking its files (every missing one at once)."""
-    from coolsd.worlds.files import require_files
 
     cls = world_class(cfg.target.name)
     require_files(cfg.target.name, cls.missing_files(cfg))

@@ -3,20 +3,20 @@ registered in ``coolsd.worlds``).
 
 A world owns its models (target, drafter options), its prompts' condition encoder, its
 token-to-pixel decoder, the files it needs and its quality metrics; the generation job
-(``coolsd.job``) drives every world through this interface only:
+(``coolsd.job.generation``) drives every world through this interface only:
 
 * before anything loads (class methods): ``missing_files(cfg)`` (every missing file at once,
   with where it comes from), ``prompts(cfg)`` and ``dataset(cfg)`` (the prompt set and what
   identifies it), ``quality(outputs, prompts, files)`` (per-method quality numbers computed from the
   records and images: toy metrics for the toy worlds, none for real ones, whose image metrics
-  come from ``python -m coolsd.evaluate``);
+  come from ``python -m coolsd.cli.evaluate``);
 * ``load(cfg)``, then ``build_method``, ``generate`` (a batch of prompts -> one ``Sample``
   per prompt), ``files()`` / ``settings()`` (what binds a run folder to these models and
   sampling settings) and ``reference_images`` (the grid's last row, where the world can draw
   the truth).
 
-``DiscreteWorld`` runs discrete methods through ``coolsd.generate`` (one loop);
-``ContinuousWorld`` runs continuous ones through ``coolsd.continuous.generate``.
+``DiscreteWorld`` runs discrete methods through ``coolsd.engine.loop`` (one loop);
+``ContinuousWorld`` runs continuous ones through ``coolsd.engine.continuous.generate``.
 """
 from __future__ import annotations
 
@@ -30,13 +30,22 @@ from typing import Any, ClassVar, NamedTuple, Optional
 import numpy as np
 import torch
 
-from coolsd.batch_invariant import per_sample
-from coolsd.decoding.lantern import CodebookNeighbours
-from coolsd.decoding.rng import PerSampleRNG
-from coolsd.drafting import SamplingConfig, build_drafter
-from coolsd.generate import speculative_generate
-from coolsd.methods import build_method
-from coolsd.timing import device_sync
+from coolsd.engine.batch_invariant import per_sample
+from coolsd.engine.decoding.lantern import CodebookNeighbours
+from coolsd.engine.decoding.rng import PerSampleRNG
+from coolsd.engine.drafting import SamplingConfig, build_drafter
+from coolsd.engine.loop import speculative_generate
+from coolsd.engine.methods import build_method
+from coolsd.engine.timing import device_sync
+from coolsd.prompts import load_prompts
+from coolsd.worlds.files import file_identity
+from coolsd.worlds.presentation import (
+    CONTINUOUS_COLUMNS,
+    DISCRETE_SPEED_COLUMNS,
+    SIGNAL_COLUMNS,
+    SPEED_COLUMNS,
+    Presentation,
+)
 
 
 class Sample(NamedTuple):
@@ -47,28 +56,26 @@ class Sample(NamedTuple):
     image: Optional[np.ndarray]
 
 
-class Column(NamedTuple):
-    """A column of the printed summary table: a key of the summary (a mean with ``ci95``, a
-    bootstrap ``fid`` with ``lo``/``hi``), its header and decimals."""
-
-    key: str
-    header: str
-    digits: int = 3
-
-
-SPEED_COLUMNS = (Column("accepted_length", "accepted length"), Column("latency_s", "latency s"),
-                 Column("speedup", "speed-up"))
-# the discrete worlds' eager runs time their quality signals apart: the speed-up without that work beside it
-DISCRETE_SPEED_COLUMNS = SPEED_COLUMNS + (Column("speedup_without_signals", "speed-up w/o signals"),)
-# the exact distortion and the likelihood shift of what was emitted (issue 15): rank methods at equal speed
-SIGNAL_COLUMNS = (Column("step_tv", "step TV (sum/image)", 2), Column("target_nll_minus_ar", "NLL - AR", 3),
-                  Column("target_nll_expected_minus_ar", "E[NLL] - AR", 3))
+REGISTERED: dict[str, type] = {}  # target name -> world class: every subclass with ``targets`` registers itself
 
 
 class World(ABC):
-    """A target: see the module docstring for the contract."""
+    """A target: see the module docstring for the contract. A subclass that names ``targets``
+    registers itself for them (``coolsd.worlds.world_class``): a new target is its model file,
+    its world file (this class's subclass, with its config ``schema``) and its conf file."""
 
-    family: ClassVar[str]  # which methods run on it (coolsd.methods.FAMILIES)
+    targets: ClassVar[tuple[str, ...]] = ()  # the target names (conf/target/<name>.yaml) it assembles
+    schema: ClassVar[Optional[tuple[str, type]]] = None  # (schema name, dataclass) its conf files name first
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name in cls.__dict__.get("targets", ()):
+            if name in REGISTERED and REGISTERED[name].__qualname__ != cls.__qualname__:
+                raise ValueError(f"target {name!r} is registered twice: {REGISTERED[name].__module__}."
+                                 f"{REGISTERED[name].__qualname__} and {cls.__module__}.{cls.__qualname__}")
+            REGISTERED[name] = cls
+
+    family: ClassVar[str]  # which methods run on it (coolsd.engine.methods.FAMILIES)
     makes_images: ClassVar[bool] = True
     quality_reads_images: ClassVar[bool] = False  # quality() needs every image (else the job keeps a grid's worth)
     runs_baseline: ClassVar[bool] = True  # the job runs each method's baseline (AR) beside it
@@ -77,15 +84,11 @@ class World(ABC):
     record_metrics: ClassVar[tuple[str, ...]] = ("accepted_length", "latency_s", "decode_s", "target_forwards")
     # quality record fields also reported as a paired difference to ``ar`` (``<key>_minus_ar``, by prompt)
     paired_metrics: ClassVar[tuple[str, ...]] = ()
-    columns: ClassVar[tuple[Column, ...]] = SPEED_COLUMNS  # the printed table
-    per_prompt_columns: ClassVar[tuple[str, ...]] = ()  # also print these record fields per prompt
-    # the paper's metric -> our column (``make paper-table2``); toy worlds name their toy metrics
-    paper_metrics: ClassVar[dict] = {"clip_score": "clip_score", "fid": "fid", "image_reward": "image_reward"}
-    next_step: ClassVar[str] = ""  # printed after a run, formatted with out_dir
-    # python -m coolsd.drafters.train: a LlamaGen-class world exposes ``target``, ``gpt``,
+    presentation: ClassVar[Presentation] = Presentation(SPEED_COLUMNS)  # how a run's summary is printed
+    # python -m coolsd.cli.train_drafter: a LlamaGen-class world exposes ``target``, ``gpt``,
     # ``encode`` and ``training_captions(n, seed, path)``
     trains_drafters: ClassVar[bool] = False
-    # compile=true: the world runs its target and drafter forwards under torch.compile (coolsd.compiled)
+    # compile=true: the world runs its target and drafter forwards under torch.compile (coolsd.engine.compiled)
     compiles: ClassVar[bool] = False
     compiled: bool = False  # this loaded world runs compiled (set by worlds that compile)
     # images a call of ``decode_uint8`` decodes at most (``decode_images``): a VQ decoder's float32
@@ -106,13 +109,12 @@ class World(ABC):
     @classmethod
     def image_tokens(cls, cfg) -> Optional[int]:
         """Tokens per image of the configured target, known before it loads (the longest useful
-        ``tree.draft_length``; coolsd.config_schema); None where no bound is known."""
+        ``tree.draft_length``; coolsd.job.config_schema); None where no bound is known."""
         return None
 
     @classmethod
     def dataset(cls, cfg) -> dict:
         """What identifies the prompt set (part of a run folder's identity)."""
-        from coolsd.worlds.files import file_identity
 
         d = cfg.dataset
         return {"name": d.name, "n_prompts": int(d.n_prompts), "offset": int(d.offset),
@@ -121,7 +123,6 @@ class World(ABC):
     @classmethod
     def prompts(cls, cfg) -> list:
         """The prompts (each with ``.caption``), position i = prompt index ``offset + i``."""
-        from coolsd.prompts import load_prompts
 
         return load_prompts(cfg.dataset)
 
@@ -154,7 +155,7 @@ class World(ABC):
     @abstractmethod
     def generate(self, method, prompts: list, seeds: list[int]) -> list[Sample]:
         """One batch of prompts, each with its own seed; equal to generating each alone (in
-        distribution; bit for bit under ``coolsd.batch_invariant``)."""
+        distribution; bit for bit under ``coolsd.engine.batch_invariant``)."""
 
     def reference_images(self, prompts: list) -> Optional[np.ndarray]:
         return None
@@ -164,7 +165,7 @@ class World(ABC):
         memory), each chunk through ``per_sample`` (one image a call inside ``batch_invariant()``).
         The decoders are per image (convolutions, GroupNorm and attention within an image), so a
         chunk's images are the whole batch's up to a convolution's choice of algorithm by batch size
-        (``coolsd.batch_invariant``; bit for bit on the CPU for the tiny test decoders, and bit for
+        (``coolsd.engine.batch_invariant``; bit for bit on the CPU for the tiny test decoders, and bit for
         bit everywhere inside ``batch_invariant()``, which decodes images alone either way)."""
         n = max(1, int(self.decode_chunk))
         parts = [per_sample(self.decode_uint8, tokens[i : i + n]) for i in range(0, len(tokens), n)]
@@ -180,7 +181,7 @@ def draft_kind(cfg, default: str, valid: tuple[str, ...], target: str, hint: str
 
 
 def image_seconds(fn, device) -> tuple[Any, float]:
-    """(fn(), wall seconds) with the clock read after the device finished (METHODS.md 6)."""
+    """(fn(), wall seconds) with the clock read after the device finished (docs/methods.md#6-evaluation-protocol)."""
     sync = device_sync(device)
     sync()
     t0 = time.perf_counter()
@@ -190,7 +191,7 @@ def image_seconds(fn, device) -> tuple[Any, float]:
 
 
 def image_signals(res, b: int) -> dict:
-    """Sample b's quality signals from the loop's per-token record (issue 15):
+    """Sample b's quality signals from the loop's per-token record:
 
     * ``step_tv`` / ``step_kl``: sums over its tokens of TV(pi_t, p_t) and KL(pi_t || p_t), the exact
       distortion of the distribution each token was emitted from (docs/distortion.md); None for
@@ -225,12 +226,12 @@ class DiscreteWorld(World):
     ``encode(captions)`` -> its condition, ``decode_uint8(tokens)`` -> (B, H, W, 3) uint8,
     ``drafter()`` (the configured draft model), ``codebook()`` (the VQ codebook LANTERN's latent
     neighbourhoods are measured in, or None) and ``sampling``; every method runs through
-    ``coolsd.generate``."""
+    ``coolsd.engine.loop``."""
 
     family = "discrete"
     record_metrics = World.record_metrics + ("step_tv", "step_kl", "target_nll", "target_nll_expected", "off_support")
     paired_metrics = ("step_tv", "step_kl", "target_nll", "target_nll_expected", "off_support")
-    columns = DISCRETE_SPEED_COLUMNS + SIGNAL_COLUMNS
+    presentation = Presentation(DISCRETE_SPEED_COLUMNS + SIGNAL_COLUMNS)
     target: Any
     sampling: SamplingConfig
     cfg_scale: float
@@ -248,7 +249,7 @@ class DiscreteWorld(World):
         """The draft model (an ``ARModel``) of the configured ``draft``; an error if none."""
 
     def codebook(self) -> Optional[torch.Tensor]:
-        """The (V, D) VQ codebook whose L2 geometry defines LANTERN's neighbourhoods (METHODS.md 3);
+        """The (V, D) VQ codebook whose L2 geometry defines LANTERN's neighbourhoods (docs/methods.md#3-lantern-and-lantern);
         None where the tokenizer has none (LANTERN methods are then refused)."""
         return None
 
@@ -310,7 +311,7 @@ class ContinuousWorld(World):
     """A continuous-token target (MAR-style): ``target`` and ``draft`` models, the shared
     ``head`` settings (``HeadConfig``), ``labels(prompts)`` -> class labels and
     ``decode_uint8(tokens)``; a continuous method's ``generate(target, draft, labels, seeds,
-    head)`` runs its loop (``coolsd.continuous.generate``).
+    head)`` runs its loop (``coolsd.engine.continuous.generate``).
 
     Records add CSpD's counters (drafted, verified, accepted, acceptance_rate, resample_rounds,
     fallbacks, target and draft forwards); ``accepted_length`` is tokens per target forward
@@ -318,8 +319,7 @@ class ContinuousWorld(World):
 
     family = "continuous"
     record_metrics = World.record_metrics + ("acceptance_rate", "draft_forwards", "resample_rounds", "fallbacks")
-    columns = (Column("acceptance_rate", "acceptance"), Column("accepted_length", "tokens/target fwd"),
-               Column("latency_s", "latency s"), Column("speedup", "speed-up"))
+    presentation = Presentation(CONTINUOUS_COLUMNS)
     target: torch.nn.Module
     draft: torch.nn.Module
     head: Any
@@ -340,7 +340,7 @@ class ContinuousWorld(World):
 
     def generate(self, method, prompts: list, seeds: list[int]) -> list[Sample]:
         labels = self.labels(prompts)
-        with torch.no_grad():  # a continuous method runs its own loop (coolsd.methods.cspd)
+        with torch.no_grad():  # a continuous method runs its own loop (coolsd.engine.methods.cspd)
             res, latency = image_seconds(lambda: method.generate(self.target, self.draft, labels, seeds, self.head),
                                          self.device)
             imgs, decode_s = image_seconds(lambda: self.decode_images(res.tokens), self.device)

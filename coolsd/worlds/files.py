@@ -1,6 +1,6 @@
 """What every real world does with the local files a user provides: name the missing ones
 before any model loads -- every one at once, each with its config key, its environment variable
-and where it comes from (``Need``, ``missing_inputs``) -- and identify the ones a run used."""
+and where it comes from (``Need``, ``run_missing_inputs``) -- and identify the ones a run used."""
 from __future__ import annotations
 
 import os
@@ -10,6 +10,10 @@ from typing import Any, NamedTuple, Optional
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+
+from coolsd.prompts.coco import SOURCE
+from coolsd.util.fingerprint import fingerprint
+from coolsd.util.loading import MissingInputFile
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 _ENV = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)")
@@ -76,15 +80,14 @@ def dataset_needs(cfg) -> list[Need]:
     """The input files of the configured data set, checked with every world's files before any model
     loads: ``coco2017val`` needs its captions file (``dataset.captions`` / $COCO_CAPTIONS); the toy
     scenes and ImageNet class labels need none. (The val2017 images are FID's reference set:
-    ``python -m coolsd.evaluate --coco-images``.)"""
-    from coolsd.prompts.coco import SOURCE
+    ``python -m coolsd.cli.evaluate --coco-images``.)"""
 
     if (cfg.get("dataset") or {}).get("name") == "coco2017val":
         return [config_need(cfg, "dataset.captions", "COCO captions", SOURCE, folder=False)]
     return []
 
 
-def missing_inputs(cfg, needs) -> list[str]:
+def run_missing_inputs(cfg, needs) -> list[str]:
     """Every problem of a run's inputs, one line each: the dataset's (``dataset_needs``, shared by
     every world) and then ``needs`` (the target's and drafter's files). Empty: all usable."""
     return [p for n in [*dataset_needs(cfg), *needs] if (p := n.problem()) is not None]
@@ -92,16 +95,14 @@ def missing_inputs(cfg, needs) -> list[str]:
 
 def file_identity(path) -> dict:
     """A loaded file's (or folder's) identity in ``run.json``: name, bytes and content sha256
-    (``coolsd.fingerprint``: cached while the file is unchanged; never fooled by a same-size replacement)."""
-    from coolsd.fingerprint import fingerprint
+    (``coolsd.util.fingerprint``: cached while the file is unchanged; never fooled by a same-size replacement)."""
 
     return fingerprint(path)
 
 
 def require_inputs(who: str, missing: list[str]) -> None:
     """Stop before any work when inputs are missing, listing every one of them (one
-    ``coolsd.errors.InputFileError``, also a FileNotFoundError): '<who> cannot run: missing files'."""
-    from coolsd.loading import MissingInputFile
+    ``coolsd.util.errors.InputFileError``, also a FileNotFoundError): '<who> cannot run: missing files'."""
 
     if missing:
         raise MissingInputFile(f"{who} cannot run: missing files\n  " + "\n  ".join(missing))

@@ -6,38 +6,61 @@ or a folder of LANTERN's HF conversion ``jadohu/LlamaGen-T2I`` / ``-2``), FLAN-T
 ``target.variant`` (``upstream`` | ``lantern``) is the padded-text-slot attention of the GPT
 (``coolsd.models.llamagen.text_slot_mask``); a non-default one is part of the run identity
 (``settings``), so a run folder never mixes the two. Every file is checked before anything is
-loaded; image metrics: ``python -m coolsd.evaluate``.
+loaded; image metrics: ``python -m coolsd.cli.evaluate``.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Dict, Optional
 
 import numpy as np
 import torch
+from omegaconf import MISSING
 
-from coolsd.drafters.eagle import DRAFTER_SOURCE, EagleDrafter, EagleHead, load_eagle_head
-from coolsd.drafting import SamplingConfig
-from coolsd.models.llamagen import (GPT_SOURCE, HF_SOURCE, HF_WEIGHTS, VARIANTS, LlamaGenGPT, LlamaGenTarget,
-                                    gpt_config, load_gpt)
+from coolsd.engine.drafting import SamplingConfig
+from coolsd.models.eagle.model import DRAFTER_SOURCE, EagleDrafter, EagleHead, load_eagle_head
+from coolsd.models.eagle.training import read_captions
+from coolsd.models.llamagen import (
+    GPT_SOURCE,
+    HF_SOURCE,
+    HF_WEIGHTS,
+    VARIANTS,
+    LlamaGenGPT,
+    LlamaGenTarget,
+    gpt_config,
+    load_gpt,
+)
 from coolsd.models.llamagen_vq import VQ_16, VQ_SOURCE, VQConfig, load_llamagen_vq
 from coolsd.models.t5_text import T5_SOURCE, T5CaptionEncoder
 from coolsd.worlds.base import DiscreteWorld, draft_kind
-from coolsd.worlds.files import DRAFTER_FOLDER, DTYPES, config_need, file_identity, missing_inputs
+from coolsd.worlds.files import DRAFTER_FOLDER, DTYPES, config_need, file_identity, run_missing_inputs
+from coolsd.worlds.presentation import REAL_TARGET_HINT, Presentation
+from coolsd.worlds.schema import TokenTargetSchema
 
-REAL_TARGET_HINT = "image metrics: python -m coolsd.evaluate {out_dir}"
+
+@dataclass
+class LlamaGenTargetSchema(TokenTargetSchema):
+    gpt_config: Any = MISSING  # a named config (GPT_XL) or a mapping of LlamaGenConfig fields
+    variant: str = "upstream"  # padded-text-slot attention: upstream (LlamaGen) | lantern (LANTERN, the paper's)
+    files: Dict[str, Optional[str]] = field(default_factory=dict)
+    device: str = "cuda"
+    dtype: str = "bfloat16"
+    t5_dtype: str = "bfloat16"
 
 
 class LlamaGenWorld(DiscreteWorld):
-    next_step = REAL_TARGET_HINT
+
+    targets = ("llamagen_xl", "llamagen_xl_512")  # conf/target/<name>.yaml
+    schema = ("llamagen_schema", LlamaGenTargetSchema)  # its conf files name it first
+    presentation = Presentation(DiscreteWorld.presentation.columns, next_step=REAL_TARGET_HINT)
     trains_drafters = True
     compiles = True
-    variants = VARIANTS  # target.variant (checked by coolsd.config_schema.check_config)
+    variants = VARIANTS  # target.variant (checked by coolsd.job.config_schema.check_config)
 
     @classmethod
     def training_captions(cls, n: int, seed: int, path=None) -> list[str]:
         """``train.captions``: a COCO captions file or one caption per line (never evaluation captions)."""
-        from coolsd.drafters.training import read_captions
 
         return read_captions(path)
 
@@ -53,7 +76,7 @@ class LlamaGenWorld(DiscreteWorld):
                  config_need(cfg, "target.files.t5", "t5", T5_SOURCE, folder=True, contains=("config.json",))]
         if (cfg.get("draft") or {}).get("kind") == "eagle":
             needs.append(config_need(cfg, "draft.path", "drafter", DRAFTER_SOURCE, folder=True, contains=DRAFTER_FOLDER))
-        return missing_inputs(cfg, needs)
+        return run_missing_inputs(cfg, needs)
 
     @classmethod
     def image_tokens(cls, cfg) -> int:

@@ -4,8 +4,8 @@
 vocabulary, adapter-inserted structural tokens) with Chameleon's text tokenizer and the prompt
 template. Every file is checked before anything is loaded. Drafting (``draft``):
 ``draft=lumina_mgpt`` (the default): LANTERN's EAGLE-1 head for Lumina-mGPT
-(``coolsd.drafters.eagle_lumina``; a folder at ``draft.path`` / ``$LUMINA_DRAFTER``, released
-with LANTERN or trained here with ``python -m coolsd.drafters.train target=lumina_mgpt``), with
+(``coolsd.models.eagle.lumina``; a folder at ``draft.path`` / ``$LUMINA_DRAFTER``, released
+with LANTERN or trained here with ``python -m coolsd.cli.train_drafter target=lumina_mgpt``), with
 the target handing over every prefill slot's feature (the drafter's text prefix); ``draft=self``
 (the target drafts for itself: an engine check, not a speed-up); model-free methods (``ar``,
 ``sjd``) need none. Structural tokens (row-end newlines, ``<racm3:break>`` and the grid sizes)
@@ -14,17 +14,23 @@ are inserted by the target and the drafter adapters, never drafted against.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
+from typing import Dict, Optional
 
 import numpy as np
 import torch
+from omegaconf import MISSING
 
-from coolsd.drafters.eagle_lumina import LUMINA_DRAFTER_SOURCE, LuminaEagleDrafter, load_lumina_eagle_head
-from coolsd.drafting import SamplingConfig
-from coolsd.loading import reading
+from coolsd.engine.drafting import SamplingConfig
+from coolsd.models.chameleon_vq import CHAMELEON_VQGAN, VQConfig
+from coolsd.models.eagle.lumina import LUMINA_DRAFTER_SOURCE, LuminaEagleDrafter, load_lumina_eagle_head
+from coolsd.models.eagle.training import read_captions
 from coolsd.models.lumina import LuminaTarget, load_lumina_target, prompt_ids
+from coolsd.util.loading import reading
 from coolsd.worlds.base import DiscreteWorld, draft_kind
-from coolsd.worlds.files import DRAFTER_FOLDER, DTYPES, config_need, file_identity, missing_inputs
-from coolsd.worlds.llamagen import REAL_TARGET_HINT
+from coolsd.worlds.files import DRAFTER_FOLDER, DTYPES, config_need, file_identity, run_missing_inputs
+from coolsd.worlds.presentation import REAL_TARGET_HINT, Presentation
+from coolsd.worlds.schema import TokenTargetSchema
 
 SOURCES = {
     "model": "https://huggingface.co/Alpha-VLLM/Lumina-mGPT-7B-768 (config.json, model-*.safetensors, index)",
@@ -35,7 +41,6 @@ SOURCES = {
 
 def _vq_config(t):
     """The VQGAN's ``VQConfig``: ``target.vq_config`` (tiny test files) or Chameleon's."""
-    from coolsd.models.chameleon_vq import CHAMELEON_VQGAN, VQConfig
 
     vq = t.get("vq_config")
     return VQConfig(**{k: tuple(v) if k in ("ch_mult", "attn_resolutions") else v for k, v in vq.items()}) \
@@ -57,14 +62,24 @@ class TextPrompts:
         return [prompt_ids(enc, c, self.width, self.height, self.bos) for c in captions]
 
 
+@dataclass
+class LuminaTargetSchema(TokenTargetSchema):
+    image_size: int = MISSING
+    files: Dict[str, Optional[str]] = field(default_factory=dict)
+    device: str = "cuda"
+    dtype: str = "bfloat16"
+
+
 class LuminaWorld(DiscreteWorld):
-    next_step = REAL_TARGET_HINT
+
+    targets = ("lumina_mgpt",)  # conf/target/<name>.yaml
+    schema = ("lumina_schema", LuminaTargetSchema)  # its conf files name it first
+    presentation = Presentation(DiscreteWorld.presentation.columns, next_step=REAL_TARGET_HINT)
     trains_drafters = True
 
     @classmethod
     def training_captions(cls, n: int, seed: int, path=None) -> list[str]:
         """``train.captions``: a COCO captions file or one caption per line (never evaluation captions)."""
-        from coolsd.drafters.training import read_captions
 
         return read_captions(path)
 
@@ -83,7 +98,7 @@ class LuminaWorld(DiscreteWorld):
         if (cfg.get("draft") or {}).get("kind") == "eagle":
             needs.append(config_need(cfg, "draft.path", "drafter", LUMINA_DRAFTER_SOURCE, folder=True,
                                      contains=DRAFTER_FOLDER))
-        return missing_inputs(cfg, needs)
+        return run_missing_inputs(cfg, needs)
 
     @classmethod
     def load(cls, cfg) -> "LuminaWorld":

@@ -6,15 +6,18 @@ prompts are class labels (``dataset=imagenet``).
 """
 from __future__ import annotations
 
-import torch
-from omegaconf import OmegaConf
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
 
-from coolsd.continuous.generate import HeadConfig
+import torch
+from omegaconf import MISSING, OmegaConf
+
+from coolsd.engine.continuous.generate import HeadConfig
 from coolsd.models.kl16_vae import KL16_SOURCE, KLVAEConfig, decode_tokens, load_kl16
 from coolsd.models.mar import MAR_CONFIGS, MAR_SOURCE, MARConfig, load_mar
 from coolsd.worlds.base import ContinuousWorld, draft_kind
-from coolsd.worlds.files import DTYPES, config_need, file_identity, missing_inputs
-
+from coolsd.worlds.files import DTYPES, config_need, file_identity, run_missing_inputs
+from coolsd.worlds.schema import HeadSchema, TargetSchema
 
 
 def _arch(arch, where: str) -> MARConfig:
@@ -32,14 +35,26 @@ def _arch(arch, where: str) -> MARConfig:
     return MARConfig(**fields)
 
 
+@dataclass
+class MARTargetSchema(TargetSchema):
+    arch: Any = MISSING  # a released architecture name or a mapping of MARConfig fields
+    files: Dict[str, Optional[str]] = field(default_factory=dict)
+    device: str = "cuda"
+    dtype: str = "float32"
+    head: HeadSchema = field(default_factory=HeadSchema)
+
+
 class MARWorld(ContinuousWorld):
+
+    targets = ("mar_h", "mar_l")  # conf/target/<name>.yaml
+    schema = ("mar_schema", MARTargetSchema)  # its conf files name it first
     @classmethod
     def missing_files(cls, cfg) -> list[str]:
         needs = [config_need(cfg, "target.files.checkpoint", "checkpoint", MAR_SOURCE, folder=False),
                  config_need(cfg, "target.files.vae", "vae", KL16_SOURCE, folder=False)]
         if (cfg.get("draft") or {}).get("kind") == "mar":
             needs.append(config_need(cfg, "draft.files.checkpoint", "draft checkpoint", MAR_SOURCE, folder=False))
-        return missing_inputs(cfg, needs)
+        return run_missing_inputs(cfg, needs)
 
     @classmethod
     def load(cls, cfg) -> "MARWorld":

@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import List
 
-from coolsd.methods import method_info
+from omegaconf import MISSING
+
+from coolsd.engine.methods import method_info
 from coolsd.theory.lab import _method, exact_stats, has_exact_stats, sample_stats
 from coolsd.theory.stats import chi_square_pvalue
-from coolsd.theory.sweep import lab_pairs
 from coolsd.theory.tabular import TabularAR
-from coolsd.worlds.base import Column, Sample, World
-
+from coolsd.worlds.base import Sample, World
+from coolsd.worlds.presentation import Column, Presentation
+from coolsd.worlds.schema import TargetSchema
 
 
 @dataclass(frozen=True)
@@ -45,19 +48,32 @@ class LabMethod:
         return self.described
 
 
+@dataclass
+class TabularTargetSchema(TargetSchema):
+    vocab: int = MISSING
+    length: int = MISSING
+    draft_mix: float = MISSING
+    concentration: float = MISSING
+    pairs: List[int] = field(default_factory=list)
+    n_samples: int = MISSING
+
+
 class TabularWorld(World):
+
+    targets = ("tabular",)  # conf/target/<name>.yaml
+    schema = ("tabular_schema", TabularTargetSchema)  # its conf files name it first
     family = "discrete"
     makes_images = False
     runs_baseline = False
     warmup = False  # a pair is 20,000 sequences: no untimed pass
     record_metrics = ("exact_tv", "sampled_tv_to_target", "exact_accepted_length", "sampled_accepted_length",
                       "chi2_p_sampled_vs_exact", "latency_s")
-    columns = (Column("exact_tv", "exact TV", 4), Column("sampled_tv_to_target", "sampled TV", 4),
-               Column("exact_accepted_length", "exact acc. length", 4),
-               Column("sampled_accepted_length", "sampled acc. length", 4))
-    per_prompt_columns = ("pair", "exact_tv", "exact_accepted_length", "sampled_accepted_length", "sampled_tv_to_target",
-                          "chi2_p_sampled_vs_exact", "n_samples")
-    paper_metrics = {}
+    presentation = Presentation(
+        columns=(Column("exact_tv", "exact TV", 4), Column("sampled_tv_to_target", "sampled TV", 4),
+                 Column("exact_accepted_length", "exact acc. length", 4),
+                 Column("sampled_accepted_length", "sampled acc. length", 4)),
+        per_prompt=("pair", "exact_tv", "exact_accepted_length", "sampled_accepted_length", "sampled_tv_to_target",
+                          "chi2_p_sampled_vs_exact", "n_samples"))
 
     @classmethod
     def dataset(cls, cfg) -> dict:
@@ -67,6 +83,9 @@ class TabularWorld(World):
     @classmethod
     def prompts(cls, cfg) -> list:
         t = cfg.target
+        # deferred: the lab's sweep (pandas, matplotlib) loads only when the lab world runs
+        from coolsd.theory.sweep import lab_pairs
+
         return [LabPair(s, P, Q) for s, P, Q in lab_pairs(t.vocab, t.length, t.draft_mix, list(t.pairs))]
 
     @classmethod

@@ -3,36 +3,38 @@
 LlamaGen's GPT class over a 512-code VQ tokenizer of 32x32 scenes, a small caption encoder in
 place of T5, and drafters: the shipped EAGLE-1 head (``draft=toy``), the target itself
 (``draft=self``), or an EAGLE folder (``draft=llamagen_xl draft.path=...``, e.g. one trained by
-``python -m coolsd.drafters.train target=toy``). Quality: ``toy_clip`` and ``toy_fid``
+``python -m coolsd.cli.train_drafter target=toy``). Quality: ``toy_clip`` and ``toy_fid``
 (coolsd.metrics.toy) against renders of the prompts' scenes.
 """
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 import torch
 
-from coolsd.drafters.eagle import EagleDrafter, load_eagle_head
-from coolsd.drafting import SamplingConfig
+from coolsd.engine.drafting import SamplingConfig
+from coolsd.metrics.toy import toy_quality as quality
+from coolsd.models.eagle.model import EagleDrafter, load_eagle_head
 from coolsd.models.llamagen import LlamaGenTarget
-from coolsd.worlds.base import DISCRETE_SPEED_COLUMNS, SIGNAL_COLUMNS, Column, DiscreteWorld, draft_kind
+from coolsd.toy.load_assets import ASSETS_DIR, FILES, load_toy_assets, toy_feature_extractor
+from coolsd.toy.scenes import Scene, render_batch, sample_scenes
+from coolsd.worlds.base import DiscreteWorld, draft_kind
+from coolsd.worlds.files import DRAFTER_FOLDER, config_need, run_missing_inputs
+from coolsd.worlds.presentation import DISCRETE_SPEED_COLUMNS, SIGNAL_COLUMNS, TOY_COLUMNS, Presentation
+from coolsd.worlds.schema import TokenTargetSchema
 
 DRAFTS = ("shipped", "self", "eagle")
-TOY_COLUMNS = (Column("toy_clip", "toy_clip"), Column("toy_fid", "toy_fid", 1))
-TOY_PAPER_METRICS = {"clip_score": "toy_clip", "fid": "toy_fid", "image_reward": None}
-FEATURES = "features.safetensors"  # coolsd.toy.assets.FILES["features"]
-# coolsd.toy.assets.ASSETS_DIR and FILES["target"], without importing it (its training code is slow to import)
-SHIPPED_ASSETS = Path(__file__).resolve().parents[1] / "toy" / "assets"
-TARGET_WEIGHTS = "target.safetensors"
+FEATURES = FILES["features"]
+SHIPPED_ASSETS = ASSETS_DIR
+TARGET_WEIGHTS = FILES["target"]
 
 
 @functools.lru_cache(maxsize=4)
 def _toy_features(assets_dir: Optional[str], sha256: str):
-    from coolsd.toy.assets import toy_feature_extractor
-
     return toy_feature_extractor(assets_dir, sha256)
 
 
@@ -45,8 +47,6 @@ def toy_quality(outputs: dict, prompts: list, assets_dir: Optional[str], feature
     """toy_clip / toy_fid (and their paired differences to ``ar``) of every method, with the
     toy feature network the run names (checked by sha256), when the prompts are toy scenes; {}
     otherwise."""
-    from coolsd.metrics.toy import toy_quality as quality
-    from coolsd.toy.scenes import Scene
 
     if not prompts or not all(isinstance(p, Scene) for p in prompts):
         return {}
@@ -55,14 +55,19 @@ def toy_quality(outputs: dict, prompts: list, assets_dir: Optional[str], feature
 
 
 def toy_reference(prompts: list) -> Optional[np.ndarray]:
-    from coolsd.toy.scenes import Scene, render_batch
-
     return render_batch(prompts) if prompts and all(isinstance(p, Scene) for p in prompts) else None
 
 
+@dataclass
+class ToyTargetSchema(TokenTargetSchema):
+    assets: Optional[str] = None  # null = coolsd/toy/assets
+
+
 class ToyWorld(DiscreteWorld):
-    columns = DISCRETE_SPEED_COLUMNS + SIGNAL_COLUMNS + TOY_COLUMNS
-    paper_metrics = TOY_PAPER_METRICS
+
+    targets = ("toy",)  # conf/target/<name>.yaml
+    schema = ("toy_schema", ToyTargetSchema)  # its conf files name it first
+    presentation = Presentation(DISCRETE_SPEED_COLUMNS + SIGNAL_COLUMNS + TOY_COLUMNS)
     quality_reads_images = True
 
     @classmethod
@@ -75,18 +80,15 @@ class ToyWorld(DiscreteWorld):
     @classmethod
     def training_captions(cls, n: int, seed: int, path=None) -> list[str]:
         """The toy world's own scenes (a seed range disjoint from the evaluation prompts')."""
-        from coolsd.toy.scenes import sample_scenes
 
         return [s.caption for s in sample_scenes(n, 31_000_000 + seed)]
 
     @classmethod
     def missing_files(cls, cfg) -> list[str]:
-        from coolsd.worlds.files import DRAFTER_FOLDER, config_need, missing_inputs
-
         d = cfg.get("draft") or {}
-        needs = [config_need(cfg, "draft.path", "drafter", "python -m coolsd.drafters.train target=toy", folder=True,
+        needs = [config_need(cfg, "draft.path", "drafter", "python -m coolsd.cli.train_drafter target=toy", folder=True,
                              contains=DRAFTER_FOLDER)] if d.get("kind") == "eagle" else []
-        return missing_inputs(cfg, needs)  # the data set's inputs too (dataset=coco2017val: its captions)
+        return run_missing_inputs(cfg, needs)  # the data set's inputs too (dataset=coco2017val: its captions)
 
     @classmethod
     def image_tokens(cls, cfg) -> Optional[int]:
@@ -103,8 +105,6 @@ class ToyWorld(DiscreteWorld):
 
     @classmethod
     def load(cls, cfg) -> "ToyWorld":
-        from coolsd.toy.assets import load_toy_assets
-
         kind = draft_kind(cfg, "shipped", DRAFTS, "toy", "its shipped drafter (draft=toy), itself (draft=self) or an "
                           "EAGLE folder (draft=llamagen_xl draft.path=...)")
         return cls(load_toy_assets(cfg.target.get("assets")), cfg, kind)

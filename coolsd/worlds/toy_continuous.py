@@ -4,16 +4,30 @@ Drafts: the shipped draft (``draft=toy_continuous``) or the target itself (``dra
 Quality: ``toy_fid`` and ``toy_clip`` with the discrete toy world's feature network."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Optional
+
 import torch
 
-from coolsd.continuous.generate import HeadConfig
-from coolsd.worlds.base import Column, ContinuousWorld, draft_kind
-from coolsd.worlds.toy import FEATURES, TOY_PAPER_METRICS, toy_quality, toy_reference
+from coolsd.engine.continuous.generate import HeadConfig
+from coolsd.toy.continuous import load_toy_continuous, scene_labels
+from coolsd.toy.load_assets import ASSETS_DIR
+from coolsd.worlds.base import ContinuousWorld, draft_kind
+from coolsd.worlds.presentation import CONTINUOUS_COLUMNS, Column, Presentation
+from coolsd.worlds.schema import HeadSchema, TargetSchema
+from coolsd.worlds.toy import FEATURES, toy_quality, toy_reference
+
+
+@dataclass
+class ToyContinuousTargetSchema(TargetSchema):
+    assets: Optional[str] = None
+    head: HeadSchema = field(default_factory=HeadSchema)
 
 
 class ToyContinuousWorld(ContinuousWorld):
-    columns = ContinuousWorld.columns + (Column("toy_fid", "toy_fid", 1),)
-    paper_metrics = TOY_PAPER_METRICS
+    targets = ("toy_continuous",)  # conf/target/<name>.yaml
+    schema = ("toy_continuous_schema", ToyContinuousTargetSchema)  # its conf files name it first
+    presentation = Presentation(CONTINUOUS_COLUMNS + (Column("toy_fid", "toy_fid", 1),))
     quality_reads_images = True
 
     @classmethod
@@ -22,8 +36,6 @@ class ToyContinuousWorld(ContinuousWorld):
 
     @classmethod
     def load(cls, cfg) -> "ToyContinuousWorld":
-        from coolsd.toy.continuous import load_toy_continuous
-
         kind = draft_kind(cfg, "shipped", ("shipped", "self"), "toy_continuous",
                           "its shipped draft (draft=toy_continuous) or itself (draft=self)")
         head = HeadConfig(**cfg.target.head)
@@ -39,14 +51,11 @@ class ToyContinuousWorld(ContinuousWorld):
         """The continuous weights, the draft, and the (shipped) toy feature network of the metrics."""
         import json
 
-        from coolsd.toy.assets import ASSETS_DIR
 
         features = json.loads((ASSETS_DIR / "manifest.json").read_text())["sha256"][FEATURES]
         return {"sha256": self.assets.manifest["sha256"], "draft": self.draft_kind, "features": features}
 
     def labels(self, prompts) -> torch.Tensor:
-        from coolsd.toy.continuous import scene_labels
-
         return scene_labels(prompts)
 
     def decode_uint8(self, tokens):

@@ -4,10 +4,10 @@
   path, so ``python run.py -m +experiment=<name>`` finds the sweep configs from any working
   directory (a relative ``hydra.searchpath`` entry would resolve against the cwd);
 * a search-path plugin that loads methods from outside the package (``COOLSD_INCLUDE``,
-  ``coolsd.plugins``) and puts their config folders on the search path;
+  ``coolsd.engine.plugins``) and puts their config folders on the search path;
 * the ``coolsd_log_name`` resolver (conf/config.yaml ``hydra.job_logging``): one job log per shard;
 * ``MergeHint``, a callback (conf/config.yaml ``hydra.callbacks``) that prints, on the console
-  of the command that launched a multirun, the ``python -m coolsd.merge`` command of every sharded
+  of the command that launched a multirun, the ``python -m coolsd.cli.merge`` command of every sharded
   run folder once all jobs have returned (the jobs' own hints land in the launcher's job logs).
 
 Invariant: importing this module registers the resolver; Hydra imports it while discovering
@@ -25,7 +25,7 @@ EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 
 
 def _log_name(job, index, count) -> str:
-    from coolsd.shards import log_name
+    from coolsd.job.shards import log_name
 
     return log_name(job, index, count)
 
@@ -40,14 +40,14 @@ class CoolsdExperimentsSearchPath(SearchPathPlugin):
 
 
 class CoolsdIncludeSearchPath(SearchPathPlugin):
-    """Methods from outside the package (``coolsd.plugins``): imports what ``COOLSD_INCLUDE``
+    """Methods from outside the package (``coolsd.engine.plugins``): imports what ``COOLSD_INCLUDE``
     names and puts the config folders they bring on the search path."""
 
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
         import sys
 
-        from coolsd import plugins
-        from coolsd.errors import ConfigError
+        from coolsd.engine import plugins
+        from coolsd.util.errors import ConfigError
 
         if not plugins.include_paths():
             return
@@ -64,7 +64,7 @@ class MergeHint(Callback):
     """At the end of a multirun, print the merge command of each sharded run folder in it."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from coolsd.shards import merge_commands
+        from coolsd.job.shards import merge_commands
 
         commands = merge_commands(config.hydra.sweep.dir)
         if commands:

@@ -4,8 +4,8 @@ EAGLE's exact rule, smaller gamma accepts more) and resamples from COOL-SD's G*,
 base class's default. ``python run.py --include tests/plugin_method method=power_rsd``."""
 import torch
 
-from coolsd.decoding.rules import Rule
-from coolsd.methods import Param, register_method
+from coolsd.engine.decoding.rules import Rule
+from coolsd.engine.methods import Param, register_method
 
 
 class PowerRule(Rule):

@@ -1,0 +1,149 @@
+"""Join the shards of a run (``coolsd.job.shards``) into the records and summary one process would
+have written:
+    python -m coolsd.cli.merge outputs/toy/coolsd/<time>                  # shards in one folder
+    python -m coolsd.cli.merge <folder> --from <other folder> ...          # shards copied from elsewhere
+    python -m coolsd.cli.merge <folder> --partial                          # report what is there
+
+Checks before writing anything: every folder holds a run of the same configuration (its
+``run.json``, input files' content fingerprints included: a folder whose shards ran on other
+weights is refused, naming the file), every shard file has the run's shard count, no shard is
+still being written (its lock, ``coolsd.util.records.RunLock``, names the holder), a sample present in
+two shards is the same sample, and (unless ``--partial``) every (method, prompt) pair is present,
+else an error lists the missing prompts. Writes ``samples.jsonl`` (prompt order, methods in run order) and
+``summary.json`` atomically; shard files stay as they are.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+from coolsd.job.generation import TIMING_KEYS, collect, kept_images
+from coolsd.job.shards import SHARD_FILE
+from coolsd.job.summary import summarize, summary_lines, write_distortion_figure
+from coolsd.prompts import load_prompts
+from coolsd.util.records import RunLock, describe_identity_diff, read_records, write_json_atomic
+from coolsd.worlds import world_class
+
+
+def _identity(folder: Path) -> dict:
+    path = folder / "run.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder} holds no run.json: not a run folder")
+    ident = json.loads(path.read_text())
+    if not {"target", "settings", "world"} <= set(ident):
+        raise ValueError(f"{path} was written by an older coolsd (before the world registry): merge it with that "
+                         "version, or rerun the shards into a new folder")
+    return ident
+
+
+def _ranges(xs: list[int]) -> str:
+    out, start = [], None
+    for i, x in enumerate(xs):
+        if start is None:
+            start = x
+        if i + 1 == len(xs) or xs[i + 1] != x + 1:
+            out.append(f"{start}" if start == x else f"{start}-{x}")
+            start = None
+    return ", ".join(out)
+
+
+def shard_files(folder: Path, count: int) -> list[Path]:
+    """The record files of a run's shards present in ``folder``; refused if one is still being
+    written (its lock is held) or belongs to another shard count."""
+    files = sorted(folder.glob("samples.shard-*.jsonl")) if count > 1 else [folder / "samples.jsonl"]
+    for f in files:
+        m = SHARD_FILE.match(f.name)
+        if m and int(m.group(2)) != count:
+            raise ValueError(f"{f} belongs to a run of {int(m.group(2))} shards, but {folder}/run.json says {count}: "
+                             "the shard count changed between runs of this folder")
+        if (who := RunLock.held_by(folder, f.name)) is not None:
+            raise ValueError(f"{f} is still being written by {who}; merge when its shard has finished")
+    return [f for f in files if f.exists()]
+
+
+def merge(folder, sources=(), partial: bool = False) -> dict:
+    folder = Path(folder)
+    ident = _identity(folder)
+    for src in map(Path, sources):
+        other = _identity(src)
+        if other != ident:
+            raise ValueError(f"{src} holds a run of another configuration than {folder} "
+                             f"({describe_identity_diff(ident, other)}); only shards of one run can be merged")
+    count = int(ident.get("shards", 1))
+    methods = list(ident["methods"])
+    d = ident["dataset"]
+    prompts = range(int(d["offset"]), int(d["offset"]) + int(d["n_prompts"]))
+    by_key: dict = {}
+    merged = set()  # names of the shard files that contributed records
+    for src in [folder, *map(Path, sources)]:
+        for f in shard_files(src, count):
+            records = read_records(f)
+            if records:
+                merged.add(f.name)
+            for r in records:
+                key = (r["method"], r["prompt_index"])
+                if key in by_key:
+                    a = {k: v for k, v in by_key[key][0].items() if k not in TIMING_KEYS}
+                    b = {k: v for k, v in r.items() if k not in TIMING_KEYS}
+                    if a != b:
+                        raise ValueError(f"two different samples for method {key[0]!r}, prompt {key[1]} (in {src}); "
+                                         "shards of one run never overlap")
+                    continue
+                by_key[key] = (r, src)
+    missing = sorted({p for t in methods for p in prompts if (t, p) not in by_key})
+    if missing and not partial:
+        raise ValueError(f"{folder}: {len(missing)} of {len(prompts)} prompts are incomplete ({_ranges(missing)}); "
+                         "rerun their shards (they resume), or pass --partial to report what is there")
+    for (_, _), (r, src) in by_key.items():  # images of shards written elsewhere
+        if src != folder and "image" in r and not (folder / r["image"]).exists():
+            (folder / r["image"]).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src / r["image"], folder / r["image"])
+    complete = [p for p in prompts if all((t, p) in by_key for t in methods)]
+    records = [by_key[(t, p)][0] for p in complete for t in methods]
+    tmp = folder / "samples.jsonl.partial"
+    tmp.write_text("".join(json.dumps(r, default=float) + "\n" for r in records))
+    tmp.replace(folder / "samples.jsonl")
+    failed = {t: [p for p in complete if "error" in by_key[(t, p)][0]] for t in methods}
+    ok = [p for p in complete if not any(p in v for v in failed.values())]  # compared where all succeeded
+    summary = summarize_records(folder, ident, {k: r for k, (r, _) in by_key.items()}, ok,
+                                {t: v for t, v in failed.items() if v})
+    summary.update(merged_shards=len(merged), shards=count, prompts_complete=len(complete), prompts_missing=missing)
+    write_json_atomic(summary, folder / "summary.json")
+    write_distortion_figure(summary, {t: [by_key[(t, p)][0] for p in ok] for t in methods}, folder)
+    return summary
+
+
+def summarize_records(folder: Path, ident: dict, records: dict, prompts: list[int], failures: dict) -> dict:
+    """The run's summary from merged records, by the code the one-process job uses
+    (``coolsd.job.summary.summarize``), the world's quality included (the toy worlds read their
+    images back)."""
+    world_cls = world_class(ident["target"])
+    outputs = collect(world_cls, ident["methods"], records, folder, prompts, {}, kept_images(world_cls))
+    ds = ident["dataset"]
+    pool = []
+    if prompts and world_cls.quality_reads_images:  # the prompts themselves (toy scenes) only where quality reads them
+
+        pool = load_prompts({**ds, "n_prompts": max(prompts) + 1 - int(ds.get("offset", 0))})
+    chosen = [pool[p - int(ds.get("offset", 0))] for p in prompts] if pool else [None] * len(prompts)
+    summary = summarize(world_cls, ident, outputs, chosen, failures)
+    summary["speedup_reference"] += " (merged shards)"
+    return summary
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run", type=Path)
+    ap.add_argument("--from", dest="sources", type=Path, nargs="*", default=[], help="other folders with shards of this run")
+    ap.add_argument("--partial", action="store_true", help="summarise the complete prompts even if some are missing")
+    a = ap.parse_args(argv)
+    s = merge(a.run, a.sources, a.partial)
+    print("\n".join(summary_lines(world_class(s["target"]), s["results"])))
+    print(f"merged {s['merged_shards']} of {s['shards']} shard(s): {s['prompts_complete']} complete prompts"
+          + (f", {len(s['prompts_missing'])} missing" if s["prompts_missing"] else "") + f" -> {a.run}/summary.json")
+    return s
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""``run(cfg)``: the package entry behind ``run.py`` (Hydra composes cfg; tests call this).
+
+The project's own configuration and input errors (``coolsd.util.errors.InputError``) reach a person as
+one or two lines and exit status 2, without a traceback (``one_line_errors``), and so does a
+summary that failed after generating (``coolsd.util.errors.SummaryError``, exit status 3: the records
+are kept, the line says how to summarise them); set ``HYDRA_FULL_ERROR=1`` or
+``COOLSD_VERBOSE=1`` for the full traceback. ``CheckBeforeRun`` (a Hydra callback,
+conf/config.yaml ``hydra.callbacks``) runs the config's range checks and the output folder's
+before Hydra creates the run folder or its log, so a refused config writes nothing.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from coolsd.engine import plugins
+from coolsd.job.config_schema import check_config, check_output_dir
+from coolsd.util.errors import OneLineError
+
+VERBOSE_ENV = ("HYDRA_FULL_ERROR", "COOLSD_VERBOSE")  # =1: tracebacks for the project's own errors too
+
+
+def safe_dirname(overrides: str, limit: int = 100) -> str:
+    """A folder name from Hydra's ``override_dirname``: path separators replaced; long names
+    cut and suffixed with a hash of the whole, so distinct configurations never share a folder."""
+    import hashlib
+
+    name = overrides.replace("/", "_") or "default"
+    if len(name) > limit:
+        name = name[:limit] + "_" + hashlib.sha256(overrides.encode()).hexdigest()[:10]
+    return name
+
+
+# ``hydra.sweep.subdir`` (conf/config.yaml) names each run folder with it
+OmegaConf.register_new_resolver("coolsd_dirname", safe_dirname, replace=True)
+
+
+def compose(*overrides) -> DictConfig:
+    """The job config ``run.py`` would get for these overrides (conf/ composed by Hydra)."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[2] / "conf"), version_base="1.3"):
+        return hydra_compose("config", overrides=list(overrides))
+
+
+def output_dir(cfg: DictConfig) -> Path:
+    if cfg.get("out_dir"):
+        return Path(cfg.out_dir)
+    from hydra.core.hydra_config import HydraConfig
+
+    return Path(HydraConfig.get().runtime.output_dir)
+
+
+def run(cfg: DictConfig) -> dict:
+    """The one generation job (``coolsd.job.generation.run_job``) for every target and method. Methods from
+    outside the package (``COOLSD_INCLUDE``) are registered here too: a launcher's job process
+    may run this without starting Hydra's plugins (loading twice is a no-op)."""
+
+    plugins.load()
+    # deferred: a refused config stops before the job's modules (scipy, the metrics) load
+    from coolsd.job.generation import run_job
+
+    return run_job(cfg, output_dir(cfg))
+
+
+def verbose() -> bool:
+    return any(os.environ.get(k, "") not in ("", "0") for k in VERBOSE_ENV)
+
+
+@contextmanager
+def one_line_errors():
+    """A ``OneLineError`` inside (``coolsd.util.errors``: an ``InputError``, a ``SummaryError``) becomes
+    its message on stderr and its exit status (2, 3; a traceback with ``HYDRA_FULL_ERROR=1`` or
+    ``COOLSD_VERBOSE=1``); any other exception is a bug and keeps its traceback."""
+    try:
+        yield
+    except OneLineError as e:
+        if verbose():
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(e.exit_status) from None
+
+
+def job_config(config: DictConfig) -> DictConfig:
+    """The job's part of a Hydra config (without the ``hydra`` node)."""
+    return OmegaConf.masked_copy(config, [k for k in config if k != "hydra"])
+
+
+class CheckBeforeRun(Callback):
+    """Refuse a bad config before Hydra writes anything: ``coolsd.job.config_schema.check_config``
+    (ranges, device, the run folder writable) on a single run; the sweep folder writable on a
+    multirun (each job's config is checked by ``run_job`` before any model loads)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        from hydra.core.hydra_config import HydraConfig
+
+
+        HydraConfig.instance().set_config(config)  # resolves ${hydra:...} in hydra.run.dir
+        with one_line_errors():
+            check_config(job_config(config))
+            if config.get("out_dir"):
+                check_output_dir(config.out_dir, "out_dir")
+            check_output_dir(config.hydra.run.dir, "hydra.run.dir")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        with one_line_errors():
+            check_output_dir(config.hydra.sweep.dir, "hydra.sweep.dir")

@@ -1,0 +1,1 @@
+"""The engine layer: decoding, the one loop, drafting, methods, the model protocol."""

@@ -1,0 +1,345 @@
+"""Acceptance rules: the per-sibling step of docs/methods.md#13-verification-at-one-tree-depth-d for every discrete method, and every
+other fact the harness needs about a method's rule.
+
+A rule maps (current residual target p_res, the sibling's conditional draft q_j, its token x_j,
+its depth d) to the acceptance probability f_j(x_j) and the UNNORMALISED residual that replaces
+p_res if x_j is rejected. The tree walk (``verify.py``) is shared by all rules.
+
+Table of docs/methods.md#13-verification-at-one-tree-depth-d, with a_j the acceptance numerator:
+  exact (eagle, sjd)     a_j = p_res                     residual [p_res - q_j]_+
+  scaled (uniform_rsd,   a_j = omega_d * p_res           residual G* = [p_res - min(q_j, a_j)]_+
+          coolsd)
+  lantern(_pp)           a_j = p~ (neighbourhood sum)    residual LANTERN's own or G*
+  group (gsd)            q f = q min(1, p(G)/q(G))       residual [p_res - q_j]_+ (GSD's) or G*
+
+One rule object holds every fact about its method (docs/distortion.md, "Where the facts live"):
+the sampling ``step`` and the exact distribution ``emitted`` of the token it emits at a chain
+node derive from the same two per-token facts, ``accepted`` (q f at every token) and ``residual``
+(what a rejection resamples from, when that does not depend on the rejected draft), whose
+base-class defaults are the G* form of COOL-SD (``accepted = min(q, numerator)``, ``residual =
+[p_res - accepted]_+``). ``coolsd.engine.decoding.distortion`` calls ``emitted`` / ``is_exact`` /
+``emitted_depths`` / ``depth_independent`` / ``emitted_row_elements`` and knows no rule class, so
+a subclass defined anywhere that only defines ``numerator`` verifies and reports its exact
+distortion correctly. A subclass that changes the acceptance or the resampling overrides
+``accepted`` / ``residual`` (x-independent forms: ``step`` and ``emitted`` follow), or ``step``
+and ``emitted`` together (LANTERN's own resampling depends on x).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from coolsd.engine.decoding import lantern as _lantern
+from coolsd.engine.decoding.groups import group_masses
+from coolsd.engine.decoding.sampling import _TINY, normalize
+
+
+def acceptance_prob(a_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
+    """f = min(1, a(x) / q(x)); 0 where q(x) <= 0 (such drafts are skipped anyway)."""
+    safe_q = torch.where(q_x > 0, q_x, torch.ones_like(q_x))
+    return torch.where(q_x > 0, torch.clamp(a_x / safe_q, max=1.0), torch.zeros_like(q_x))
+
+
+def gstar_residual(p_res: torch.Tensor, q: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """Unnormalised TV-optimal resampling G* = [p_res - q * f]_+ with q*f = min(q, a)
+    (COOL-SD Theorem 2). For a = omega*p_res with omega >= 1 this is [p_res - q]_+ (Prop. 1)."""
+    return torch.clamp(p_res - torch.minimum(q, a), min=0.0)
+
+
+def emitted_mixture(p: torch.Tensor, accepted: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """pi = accepted + beta Norm(residual), beta = 1 - sum accepted (clamped at 0), along the last
+    dim: the emitted distribution at a chain node of a rule whose residual does not depend on the
+    rejected draft (formulas (2) and (4) of docs/distortion.md); ``Norm`` falls back to p where
+    the residual has no mass, as ``verify_tree`` does."""
+    beta = (1 - accepted.sum(-1, keepdim=True)).clamp(min=0)
+    return accepted + beta * normalize(residual, p)
+
+
+def take(v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return v.gather(-1, x.unsqueeze(-1)).squeeze(-1)
+
+
+class Rule:
+    """Base: subclasses define the acceptance numerator a_j(.) over the whole vocabulary; every
+    other fact defaults to the G* form derived from it (module docstring).
+
+    Facts the exact distortion (``coolsd.engine.decoding.distortion``) reads, with their defaults:
+
+    * ``emitted(p, q, depth)``: pi, the distribution of the token emitted at a chain node;
+      ``emitted_mixture`` of ``accepted`` and ``residual``;
+    * ``is_exact(depth)``: whether pi = p exactly there (reported as p, no rounding residue); False;
+    * ``emitted_depths(p, q)``: pi at every depth of a chain in one vectorised pass, or None
+      (depth by depth through ``emitted``); None;
+    * ``depth_independent``: whether ``emitted`` ignores its depth and its rows cost enough that
+      a chain's depths go as one batch of rows, of which eager code computes only the emitted
+      ones; False;
+    * ``emitted_row_elements(V)``: the elements of ``emitted``'s largest temporary per row, which
+      bounds its chunks of rows, or None (never chunked); None.
+    """
+
+    name = "rule"
+    depth_independent = False
+
+    def numerator(self, p_res: torch.Tensor, depth: int) -> torch.Tensor:
+        """a_j (..., V): the acceptance numerator at every token, f(x) = min(1, a(x) / q(x))."""
+        raise NotImplementedError
+
+    def accepted(self, p_res, q, depth):
+        """q(y) f(y) at every token (..., V), the mass of drafting y and accepting it: min(q, a)
+        (= q min(1, a / q) where q > 0, and 0 where q = 0). Needs only p_res and q, not the draft."""
+        return torch.minimum(q, self.numerator(p_res, depth))
+
+    def residual(self, p_res, q, accepted):
+        """The unnormalised distribution a rejection resamples from, given ``accepted`` (this
+        rule's ``accepted(p_res, q, depth)``), where it does not depend on the rejected draft:
+        G* = [p_res - q f]_+ (COOL-SD Theorem 2; ``gstar_residual``)."""
+        return torch.clamp(p_res - accepted, min=0.0)
+
+    def step(self, p_res, q, x, depth):
+        """(f(x), residual) of the sibling x (B,) drawn from q: f from ``accepted`` at x (min(q, a)
+        / q = min(1, a / q) exactly), the residual from ``residual``."""
+        acc = self.accepted(p_res, q, depth)
+        return acceptance_prob(take(acc, x), take(q, x)), self.residual(p_res, q, acc)
+
+    def is_exact(self, depth: int) -> bool:
+        """Whether the rule emits p itself at a chain node of ``depth`` (lossless there)."""
+        return False
+
+    def emitted(self, p: torch.Tensor, q: torch.Tensor, depth: int) -> torch.Tensor:
+        """pi (..., V): the distribution of the token the rule emits at a chain node of ``depth``,
+        marginalised over the draft x ~ q (p, q the target's and the drafter's distributions):
+        q f + (1 - sum q f) Norm(residual), formula (2) / (4) of docs/distortion.md. Exact only
+        when ``residual`` does not depend on x; a rule whose residual does overrides this.
+        ``distortion.emitted_distribution`` calls it where ``is_exact(depth)`` is False."""
+        accepted = self.accepted(p, q, depth)
+        return emitted_mixture(p, accepted, self.residual(p, q, accepted))
+
+    def emitted_depths(self, p: torch.Tensor, q: torch.Tensor) -> Optional[torch.Tensor]:
+        """pi (..., D, V) at every depth 1..D of a chain at once, p and q (..., D, V) holding depth
+        d's node in column d - 1, where the rule has a form vectorised over depths; None: none
+        (``distortion.chain_distortion`` goes depth by depth through ``emitted``)."""
+        return None
+
+    def emitted_row_elements(self, V: int) -> Optional[int]:
+        """Elements of the largest temporary ``emitted`` holds per row of a (rows, V) call, or None
+        (a few (rows, V) tensors: never chunked). ``distortion.emitted_distribution`` then goes
+        through the rows in chunks of at most ``distortion.LANTERN_CHUNK_ELEMENTS`` such elements,
+        so every step of ``emitted`` must be per row."""
+        return None
+
+    def _inherits(self, owner: type, *names: str) -> bool:
+        """Whether this rule's class keeps ``owner``'s definitions of ``names``: a subclass that
+        redefines one (its own numerator, say) voids the facts ``owner`` derives from them (its
+        ``is_exact``, its vectorised form), and gets the base class's general ones instead."""
+        return all(getattr(type(self), n) is getattr(owner, n) for n in names)
+
+    def describe(self) -> dict:
+        return {"rule": self.name}
+
+    def on(self, device) -> "Rule":
+        """This rule with every tensor it holds on ``device`` (a copy made once per device; the
+        loop verifies with the target's): tables built where their inputs were (a codebook's
+        neighbourhoods, a schedule) never meet the target's tensors on another device."""
+        device = torch.device(device)
+        state = {k: v for k, v in vars(self).items() if k != "_on_device"}
+        if all(v.device == device for v in state.values() if isinstance(v, torch.Tensor)):
+            return self
+        copies = self.__dict__.setdefault("_on_device", {})
+        if device not in copies:
+            moved = object.__new__(type(self))
+            moved.__dict__.update({k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in state.items()})
+            copies[device] = moved
+        return copies[device]
+
+
+class ExactRule(Rule):
+    """Lossless speculative sampling (EAGLE-1 recursive rejection; SJD's window test)."""
+
+    name = "exact"
+
+    def numerator(self, p_res, depth):
+        return p_res
+
+    def is_exact(self, depth):  # a = p: pi = p at every depth (formula (2) would leave rounding residue)
+        return self._inherits(ExactRule, "numerator", "accepted", "residual")
+
+
+class ScaledRule(Rule):
+    """a_j = omega_d * p_res: UniformRSD (omega constant) and COOL-SD (annealed omega)."""
+
+    name = "scaled"
+
+    def __init__(self, omega: torch.Tensor):
+        self.omega = omega.double()
+        self.weights = [float(w) for w in self.omega]  # host floats: no tensor read per step (traceable)
+
+    def weight(self, depth: int) -> float:
+        # depths past the schedule (never reached by a tree of depth L) reuse the last weight
+        return self.weights[min(depth, len(self.weights)) - 1]
+
+    def numerator(self, p_res, depth):
+        return self.weight(depth) * p_res
+
+    def is_exact(self, depth):  # omega_d = 1: a = p
+        return self.weight(depth) == 1.0 and self._inherits(ScaledRule, "numerator", "accepted", "residual")
+
+    def emitted_depths(self, p, q):
+        """Cheap rows: every depth at once, omega_d broadcast over the batch (formula (2) with
+        a = omega_d p), and p itself at the depths where omega_d = 1."""
+        if not self._inherits(ScaledRule, "numerator", "accepted"):
+            return None  # a subclass's own numerator: depth by depth through ``emitted``
+        depth = p.shape[-2]
+        omega = [self.weight(j) for j in range(1, depth + 1)]
+        w = torch.tensor(omega, dtype=p.dtype, device=p.device).view(depth, 1)
+        accepted = torch.minimum(q, w * p)
+        pi = emitted_mixture(p, accepted, self.residual(p, q, accepted))
+        if 1.0 in omega:  # a = p at that depth: exactly p (formula (2) would leave rounding residue)
+            pi = torch.where(w == 1.0, p, pi)
+        return pi
+
+    def describe(self):
+        return {"rule": self.name, "omega": [round(float(w), 6) for w in self.omega]}
+
+
+class LanternRule(Rule):
+    """LANTERN (absolute budget ``delta``) / LANTERN++ (relative budget ``lam``), docs/methods.md#3-lantern-and-lantern."""
+
+    name = "lantern"
+    # the exact distortion (docs/distortion.md (3)): a = p~ whatever the depth, O(V k) a row, so
+    # a chain's depths go as one batch of rows and eager code computes only the emitted ones
+    depth_independent = True
+
+    def __init__(self, neighbours: torch.Tensor, k: int, *, lam=None, delta=None, resample="lantern"):
+        self.nb_k = neighbours[:, :k]
+        self.nb_k1 = neighbours[:, : k + 1]  # LANTERN zeroes k+1 neighbours (reference code)
+        # who has each token among its k+1 neighbours (the exact distortion's scatter as a gather, compiled)
+        self.rev_k1 = _lantern.reverse_neighbours(self.nb_k1) if k + 1 <= _lantern.UNROLL_MAX else None
+        self.lam, self.delta, self.resample = lam, delta, resample
+
+    def numerator(self, p_res, depth):
+        return _lantern.aggregate(p_res, self.nb_k, None, lam=self.lam, delta=self.delta)[0]
+
+    def step(self, p_res, q, x, depth):
+        if self.resample == "gstar":
+            return super().step(p_res, q, x, depth)
+        p_tilde_x, relaxed = _lantern.aggregate(p_res, self.nb_k, x, lam=self.lam, delta=self.delta)
+        f = acceptance_prob(p_tilde_x, take(q, x))
+        # LlamaGen static-tree path: if relaxation was used at x, zero q on x's first k+1
+        # neighbours (not renormalised), then [p_res - q]_+.
+        zero = torch.zeros_like(q, dtype=torch.bool).scatter_(-1, self.nb_k1[x], True)
+        q_mod = torch.where(zero & relaxed.unsqueeze(-1), torch.zeros_like(q), q)
+        return f, torch.clamp(p_res - q_mod, min=0.0)
+
+    def residual(self, p_res, q, accepted):
+        if self.resample != "gstar":
+            raise NotImplementedError("LANTERN's own residual depends on the rejected draft (step, emitted)")
+        return super().residual(p_res, q, accepted)
+
+    def emitted_row_elements(self, V):
+        """V (k + 1): the neighbour gathers of ``lantern.neighbour_sum`` / ``reverse_sum`` and the
+        first block and continued prefixes of ``lantern.aggregate_all`` are (rows, V, k + 1)."""
+        return V * self.nb_k1.shape[1]
+
+    def emitted(self, p, q, depth):
+        """pi (N, V): with ``resample=gstar`` formula (2), a = p~ over the vocabulary as
+        ``numerator`` computes it but cheaper (``lantern.aggregate_all``); with LANTERN's own
+        resampling formula (3) of docs/distortion.md (``_emitted_own``). Every step is per row."""
+        if self.resample == "gstar":
+            accepted = torch.minimum(q, _lantern.aggregate_all(p, self.nb_k, lam=self.lam, delta=self.delta)[0])
+            return emitted_mixture(p, accepted, self.residual(p, q, accepted))
+        return self._emitted_own(p, q)
+
+    def _emitted_own(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """Formula (3) of docs/distortion.md, vectorised over rows and every draft x at once.
+
+        pi(y) gets c(x) Delta_x(y) from every relaxed x with y in N(x); neighbourhoods are not
+        symmetric, so that sum is a scatter over (x, j) -> y = nb_k1[x, j]. Since Delta_x(y) =
+        min(p, q)(y) for y in N(x) does not depend on x, it factors: sum_x c(x) Delta_x(y) =
+        min(p, q)(y) * sum_{x relaxed, y in N(x)} c(x), so only the (N, V) weights c are scattered
+        (``lantern.reverse_sum``: an index_add with the flat (V (k+1),) index in eager code, a gather
+        through the reverse neighbour table in compiled code). Eager code (k + 1 <= lantern.UNROLL_MAX)
+        goes to ``_emitted_own_token_major``, the same formula, for any number of rows: a row's
+        value may not depend on which rows share its call (coolsd.engine.batch_invariant), and the two
+        paths differ in the last bits."""
+        nb1 = self.nb_k1
+        if _lantern.token_major(p, nb1, 1):  # eager: every row count alike (a row's value must not depend on N)
+            return self._emitted_own_token_major(p.t().contiguous(), q.t().contiguous()).t().contiguous()
+        N, V = p.shape
+        p_tilde, relaxed = _lantern.aggregate_all(p, self.nb_k, lam=self.lam, delta=self.delta)
+        f = acceptance_prob(p_tilde, q)  # f(x) at every x, as step evaluates it at the draft
+        w = q * (1 - f)  # probability of drafting x and rejecting it
+        r0 = torch.clamp(p - q, min=0.0)
+        m = torch.minimum(p, q)  # Delta_x on N(x)
+        everyone = nb1.shape[1] == V - 1  # N(x) = every token but x (LANTERN's k = 1000 on a small vocabulary)
+        if everyone:  # the sums over N(x) are the total less x's own term: O(V), not O(V^2)
+            gain = m.sum(-1, keepdim=True) - m
+        else:
+            gain = _lantern.neighbour_sum(m, nb1)  # (N, V): sum_{y in N(x)} min(p, q)(y)
+        s = r0.sum(-1, keepdim=True) + torch.where(relaxed, gain, torch.zeros_like(gain))  # (N, V): mass of r_x
+        ok = s > _TINY
+        c = torch.where(ok, w / torch.where(ok, s, torch.ones_like(s)), torch.zeros_like(s))  # weight of Norm(r_x)
+        pi = q * f + c.sum(-1, keepdim=True) * r0 + (w * ~ok).sum(-1, keepdim=True) * p  # massless r_x: p
+        cr = torch.where(relaxed, c, torch.zeros_like(c))
+        if everyone:
+            into = cr.sum(-1, keepdim=True) - cr  # sum over x != y
+        else:
+            into = _lantern.reverse_sum(cr, nb1, self.rev_k1)  # (N, V): sum_{x relaxed, y in N(x)} c(x)
+        return pi + m * into
+
+    def _emitted_own_token_major(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """``_emitted_own`` on the transposes: p, q (V, N) -> pi (V, N), formula (3) of
+        docs/distortion.md with the same elementwise steps (bit for bit); the sums over N(x) and the
+        reverse scatter add in another order (equal up to float rounding). Each column's value does not
+        depend on the other columns (``lantern.vocab_sum``). Token-major, every neighbour read
+        is a copy of whole rows (``lantern.aggregate_token_major``, ``neighbour_sum_token_major``,
+        ``reverse_sum_token_major``, no (N, V, k) tensor), and the steps run in place on a few (V, N)
+        buffers: fresh large tensors are fresh pages from the OS, whose faults measured as much as the
+        arithmetic on the toy world. Masks are float 0/1 (a boolean ``where`` / ``masked_fill`` on
+        (512, 80) measured 25x the time of a product with a float mask on the CPU): x * mask for
+        where(mask, x, 0), equal for the finite x here, and a safe divisor d + (1 - mask), equal to d
+        where the mask is 1. Needs k + 1 <= lantern.UNROLL_MAX neighbours."""
+        nb1, vocab_sum = self.nb_k1, _lantern.vocab_sum
+        f, relaxed = _lantern.aggregate_token_major(p, self.nb_k, lam=self.lam, delta=self.delta)  # f <- p~
+        relaxed = relaxed.to(p.dtype)  # float masks from here on (see the docstring)
+        drafted = torch.gt(q, 0, out=torch.empty_like(q))  # acceptance_prob, in place:
+        f.div_(q + (1 - drafted)).clamp_(max=1.0).mul_(drafted)  # min(1, p~ / q) where q > 0 (q + 0 = q), else 0
+        w = f.neg().add_(1.0).mul_(q)  # q (1 - f): probability of drafting x and rejecting it
+        r0 = torch.sub(p, q).clamp_(min=0.0)
+        m = torch.minimum(p, q)  # Delta_x on N(x)
+        s = _lantern.neighbour_sum_token_major(m, nb1).mul_(relaxed)  # sum_{y in N(x)} min(p, q)(y) if relaxed(x)
+        s.add_(vocab_sum(r0))  # mass of r_x at every x
+        ok = torch.gt(s, _TINY, out=torch.empty_like(s))
+        notok = 1 - ok
+        c = torch.div(w, s.add_(notok), out=s).mul_(ok)  # weight of Norm(r_x): w / s, 0 where r_x has no mass
+        massless = vocab_sum(w.mul_(notok))  # weight of the fallback to p
+        pi = f.mul_(q).add_(r0.mul_(vocab_sum(c))).add_(p * massless)  # q f + (sum c) r0 + ... p
+        into = _lantern.reverse_sum_token_major(c.mul_(relaxed), nb1)  # sum_{x relaxed, y in N(x)} c(x)
+        return pi.add_(m.mul_(into))
+
+
+class GroupRule(Rule):
+    """GSD (``coolsd.engine.decoding.groups``): a draft x is accepted with probability
+    min(1, p(G_x) / q(G_x)), its group's masses. The accepted mass at y is then
+    q(y) f(y) = min(q(y), a(y)) with a = q p(G) / q(G), which depends on q: ``accepted`` gives it
+    at every token. Resampling after a rejection: ``resample="sjd"`` GSD's own, SJD's
+    [p_res - q]_+; ``"gstar"`` COOL-SD's G* = [p_res - min(q, a)]_+ (Theorem 2), so the two
+    relaxation families can be compared at equal resampling. Both residuals do not depend on the
+    rejected x, so the base class's ``step`` (f(x) = q f / q at x) and ``emitted`` (the closed
+    form (4) of docs/distortion.md) hold as they are."""
+
+    name = "group"
+
+    def __init__(self, size: int, p_thr: Optional[float], resample: str = "sjd"):
+        self.size, self.p_thr, self.resample = int(size), p_thr, resample
+
+    def accepted(self, p_res: torch.Tensor, q: torch.Tensor, depth=None) -> torch.Tensor:
+        """q(y) f(y) at every token (..., V), at any depth."""
+        pg, qg = group_masses(p_res, q, self.size, self.p_thr)
+        return torch.where(qg > 0, q.to(p_res.dtype) * torch.clamp(pg / torch.where(qg > 0, qg, 1.0), max=1.0), 0.0)
+
+    def residual(self, p_res: torch.Tensor, q: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
+        return torch.clamp(p_res - (accepted if self.resample == "gstar" else q.to(p_res.dtype)), min=0.0)
+
+    def describe(self):
+        return {"rule": self.name, "size": self.size, "p_thr": self.p_thr, "resample": self.resample}

@@ -1,0 +1,217 @@
+"""Static draft trees (docs/methods.md#12-static-tree-drafting) compiled into index tensors.
+
+Node 0 is the root: the last emitted token, whose target distribution verifies depth 1.
+Nodes 1..n are the tree paths ordered by (depth, path). ``children[i, r]`` is the node holding
+the r-th sample drawn at node i (-1 if absent); sibling order is sampling order, which is the
+order recursive rejection visits them (docs/methods.md#13-verification-at-one-tree-depth-d).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from coolsd.engine.decoding.tree_choices import NAMED_TREES
+
+TREE_NAMES = ("chain", *NAMED_TREES)
+
+
+@dataclass(frozen=True)
+class Tree:
+    name: str
+    paths: tuple[tuple[int, ...], ...]
+    parent: torch.Tensor  # (n+1,) long, parent[0] = -1
+    depth: torch.Tensor  # (n+1,) long, depth[0] = 0
+    rank: torch.Tensor  # (n+1,) long, sample index at the parent
+    children: torch.Tensor  # (n+1, max_children) long, -1 padded, rank order
+    ancestors: torch.Tensor  # (n+1, n+1) bool, [i, j]: j is i or an ancestor of i
+
+    @property
+    def n_nodes(self) -> int:
+        """Number of drafted nodes (the root excluded)."""
+        return len(self.paths)
+
+    @functools.cached_property
+    def max_depth(self) -> int:
+        return int(self.depth.max())  # a host int, read once (the tree is static)
+
+    @property
+    def max_children(self) -> int:
+        return self.children.shape[1]
+
+    def level(self, d: int) -> torch.Tensor:
+        """Node indices at depth d, in node order."""
+        return torch.nonzero(self.depth == d).flatten()
+
+    def n_children(self) -> torch.Tensor:
+        return (self.children >= 0).sum(1)
+
+    # host-side views for drafting loops, computed once per tree (a frozen tree never changes)
+    @functools.cached_property
+    def n_children_list(self) -> list[int]:
+        return self.n_children().tolist()
+
+    def on(self, device) -> "Tree":
+        """This tree with its index tensors on ``device`` (made once per device)."""
+        device = torch.device(device)
+        if self.parent.device == device:
+            return self
+        copies = self.__dict__.setdefault("_on_device", {})
+        if device not in copies:
+            moved = dataclasses.replace(
+                self, parent=self.parent.to(device), depth=self.depth.to(device), rank=self.rank.to(device),
+                children=self.children.to(device), ancestors=self.ancestors.to(device))
+            moved.__dict__.update({v: self.__dict__[v] for v in HOST_VIEWS})  # host views: the same on any device
+            copies[device] = moved
+        return copies[device]
+
+    @functools.cached_property
+    def parent_list(self) -> list[int]:
+        return self.parent.tolist()
+
+    @functools.cached_property
+    def children_list(self) -> list[list[int]]:
+        """children_list[i]: node i's children in rank (sampling) order."""
+        return [[c for c in row if c >= 0] for row in self.children.tolist()]
+
+    @functools.cached_property
+    def expanded_nodes(self) -> list[int]:
+        """Nodes with children (drawn at during drafting), in node order."""
+        return [i for i, k in enumerate(self.n_children_list) if k > 0]
+
+    def forwarded_levels(self, depth: int) -> list[int]:
+        """Levels d in 1..depth-1 a drafter must run a forward on when it drafts ``depth`` levels:
+        those holding a node with children."""
+        return [d for d in range(1, depth) if any(self.n_children_list[c] > 0 for c in self.levels[d])]
+
+    @functools.cached_property
+    def level_slices(self) -> list[slice]:
+        """level_slices[d]: the nodes at depth d as a slice (nodes are ordered by depth, so each
+        level is a contiguous range): indexing with it makes no index tensor."""
+        out = []
+        for nodes in self.levels:
+            start = nodes[0] if nodes else 0
+            if nodes != list(range(start, start + len(nodes))):
+                raise ValueError(f"tree {self.name!r}: level {nodes} is not a contiguous node range")
+            out.append(slice(start, start + len(nodes)))
+        return out
+
+    def drafting_mask(self, d: int, levels: tuple[int, ...]) -> torch.Tensor:
+        """(len(level d), n_cols) bool: which of the nodes of ``levels`` (a drafter's pending
+        entries, in cache order) each node at depth d attends to (itself and its ancestors); made
+        once per (tree, device), so no round builds an index tensor from a list."""
+        masks = self.__dict__.setdefault("_drafting_masks", {})
+        if (d, levels) not in masks:
+            cols = torch.tensor([c for level in levels for c in self.levels[level]], dtype=torch.long)
+            masks[(d, levels)] = self.ancestors[self.level_slices[d]][:, cols.to(self.ancestors.device)]
+        return masks[(d, levels)]
+
+    @functools.cached_property
+    def level_max_children(self) -> list[int]:
+        """level_max_children[d]: the most children a node at depth d has (verification's sibling
+        loop at depth d + 1 visits that many ranks), d = 0 .. max_depth."""
+        return [max((self.n_children_list[i] for i in self.levels[d]), default=0) for d in range(self.max_depth + 1)]
+
+    @functools.cached_property
+    def levels(self) -> list[list[int]]:
+        """levels[d]: node indices at depth d, in node order (d = 0 .. max_depth + 1)."""
+        return [self.level(d).tolist() for d in range(self.max_depth + 2)]
+
+
+def chain_paths(length: int) -> list[list[int]]:
+    return [[0] * d for d in range(1, length + 1)]
+
+
+def build_tree(paths: Sequence[Sequence[int]], name: str = "custom") -> Tree:
+    """Compile a list of paths, checking it is a well-formed sampling tree."""
+    ps = sorted({tuple(int(r) for r in p) for p in paths}, key=lambda p: (len(p), p))
+    if len(ps) != len(paths):
+        raise ValueError(f"tree {name!r}: duplicate paths")
+    if not ps:
+        return _compile(name, ())
+    index = {p: i + 1 for i, p in enumerate(ps)}
+    for p in ps:
+        if len(p) == 0 or min(p) < 0:
+            raise ValueError(f"tree {name!r}: path {list(p)} must be non-empty with ranks >= 0")
+        if len(p) > 1 and p[:-1] not in index:
+            raise ValueError(f"tree {name!r}: path {list(p)} has no parent {list(p[:-1])}")
+        # Recursive rejection is lossless only if the children verified at a node are the first
+        # samples drawn there: ranks must be 0..m-1 (a skipped rank would condition later
+        # siblings on an unverified draw).
+        if p[-1] > 0 and p[:-1] + (p[-1] - 1,) not in index:
+            raise ValueError(
+                f"tree {name!r}: path {list(p)} skips rank {p[-1] - 1}; sibling ranks must be 0..m-1"
+            )
+    return _compile(name, tuple(ps))
+
+
+def _compile(name: str, ps: tuple[tuple[int, ...], ...]) -> Tree:
+    n = len(ps)
+    index = {(): 0, **{p: i + 1 for i, p in enumerate(ps)}}
+    parent = torch.full((n + 1,), -1, dtype=torch.long)
+    depth = torch.zeros(n + 1, dtype=torch.long)
+    rank = torch.zeros(n + 1, dtype=torch.long)
+    kids: list[list[int]] = [[] for _ in range(n + 1)]
+    for p, i in index.items():
+        if not p:
+            continue
+        parent[i] = index[p[:-1]]
+        depth[i] = len(p)
+        rank[i] = p[-1]
+        kids[index[p[:-1]]].append((p[-1], i))
+    width = max([len(k) for k in kids] + [1])
+    children = torch.full((n + 1, width), -1, dtype=torch.long)
+    for i, k in enumerate(kids):
+        for r, (_, c) in enumerate(sorted(k)):
+            children[i, r] = c
+    ancestors = torch.zeros(n + 1, n + 1, dtype=torch.bool)
+    for i in range(n + 1):
+        j = i
+        while j >= 0:
+            ancestors[i, j] = True
+            j = int(parent[j])
+    return _with_views(Tree(name, ps, parent, depth, rank, children, ancestors))
+
+
+def _with_views(tree: Tree) -> Tree:
+    for view in HOST_VIEWS:  # computed now, on the host: never inside a compiled round (coolsd.engine.compiled)
+        getattr(tree, view)
+    return tree
+
+
+HOST_VIEWS = ("max_depth", "n_children_list", "parent_list", "children_list", "levels", "expanded_nodes",
+              "level_max_children", "level_slices")
+
+
+def pac_tree(window: int, width: int, depth: int) -> Tree:
+    """SJD-PAC's static tree (arXiv 2603.18599, "proactive drafting"; KangJialiang/SJD-PAC
+    ``generate_tree_mask_and_retrieve``): a full ``width``-ary tree over the first ``depth - 1``
+    depths below the root (``depth`` counts the root's level, as upstream's ``tree_depth``), then the
+    rank-0 chain on to depth ``window - 1``. ``depth = 1`` or ``width = 1``: SJD's chain."""
+    n = window - 1
+    if not 1 <= depth <= window or width < 1:
+        raise ValueError(f"sjd_pac needs width >= 1 and 1 <= tree_depth <= window, got width={width}, "
+                         f"tree_depth={depth}, window={window}")
+    paths = [p for d in range(1, depth) for p in itertools.product(range(width), repeat=d)]
+    paths += [(0,) * d for d in range(max(depth, 1), n + 1)]
+    return build_tree(paths, name=f"pac{window}w{width}d{depth}")
+
+
+def make_tree(tree: str | Sequence[Sequence[int]], draft_length: int | None = None) -> Tree:
+    """A tree by name ("chain" needs ``draft_length``) or from explicit paths."""
+    if not isinstance(tree, str):
+        return build_tree(tree)
+    if tree == "chain":
+        if draft_length is None or int(draft_length) < 1:
+            raise ValueError(f"tree 'chain' needs draft_length >= 1, got {draft_length!r}")
+        return build_tree(chain_paths(int(draft_length)), name=f"chain{int(draft_length)}")
+    if tree not in NAMED_TREES:
+        raise ValueError(f"unknown tree {tree!r}; valid names: {', '.join(TREE_NAMES)}")
+    return build_tree(NAMED_TREES[tree], name=tree)
+
+
+EMPTY_TREE = _compile("none", ())

@@ -1,0 +1,20 @@
+"""Decoding methods. Importing this package registers every built-in method."""
+from coolsd.engine.methods import ar, cspd, eagle, gsd, lantern, relaxed, sjd  # noqa: F401  (registration)
+from coolsd.engine.methods.registry import (
+                                     FAMILIES,
+                                     Method,
+                                     MethodInfo,
+                                     Param,
+                                     ParamError,
+                                     build_method,
+                                     check_method,
+                                     check_params,
+                                     method_families,
+                                     method_info,
+                                     method_names,
+                                     method_params,
+                                     register_method,
+)
+
+__all__ = ["FAMILIES", "Method", "MethodInfo", "Param", "ParamError", "build_method", "check_method", "check_params",
+           "method_families", "method_info", "method_names", "method_params", "register_method"]

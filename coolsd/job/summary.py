@@ -1,0 +1,257 @@
+"""A run's summary from its records, the same code for a one-process run (``coolsd.job.generation``) and for
+merged shards (``coolsd.cli.merge``): per method tag, the world's record metrics as mean [95% CI]
+over prompts, throughput, the speed-up against ``ar`` paired by prompt (docs/methods.md#6-evaluation-protocol) and the
+world's quality numbers; the printed table and the labelled image grid.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from coolsd.metrics.token_maps import distortion_figure
+from coolsd.util.records import save_png_atomic, write_json_atomic
+from coolsd.util.stats import FLOAT_NOISE, FRACTION, NULL_REASON, POSITIVE, REAL, mean_ci, ratio_ci
+
+SPEEDUP_REFERENCE = "ar on the same prompts, same machine, same run (same batch size)"
+# where each summarised record quantity lives, (domain, lower bound), for its interval
+# (coolsd.util.stats); a key not listed is real-valued (Student-t), e.g. target_nll and every difference
+METRIC_DOMAINS = {
+    **dict.fromkeys(("latency_s", "decode_s", "images_per_s", "target_forwards", "draft_forwards", "step_tv",
+                     "step_kl", "resample_rounds", "fallbacks"), (POSITIVE, 0.0)),
+    **dict.fromkeys(("accepted_length", "exact_accepted_length", "sampled_accepted_length"), (POSITIVE, 1.0)),
+    **dict.fromkeys(("off_support", "acceptance_rate", "toy_clip", "exact_tv", "sampled_tv_to_target",
+                     "chi2_p_sampled_vs_exact"), (FRACTION, 0.0)),
+}
+
+# how far below 0 a record quantity summed over an image's tokens may come out from float32 rounding
+# alone (``coolsd.util.stats.clamp_to_domain`` sets it to 0; further below is an error naming the key):
+# step_kl sums T per-token KL(pi || p), each computed in float32 over the V-entry vocabulary
+# (``coolsd.engine.decoding.distortion.kl``); a float32 softmax's mass exceeds 1 by up to ~1e-6 at
+# V = 65536 (2e-7 at V = 16384), which KL(pi || p) reads as that much below 0 per token. At pi ~ p
+# (a relaxed method near its lossless setting) the per-image sum of exact zeros was measured at
+# -2.6e-4 (V = 16384, T = 1024), -1.5e-4 (V = 8192, T = 2352), -1.5e-3 (V = 65536, T = 1024),
+# linear in T: 1e-2 covers T <= 4096 at V <= 65536 (~ -6e-3). step_tv is a sum of absolute values
+# (never below 0 in floating point); it shares the bound as the same kind of per-image sum.
+TOKEN_SUM_NOISE = 1e-2
+METRIC_NOISE = dict.fromkeys(("step_kl", "step_tv"), TOKEN_SUM_NOISE)  # every other key: stats.FLOAT_NOISE
+
+
+def metric_ci(key: str, values) -> dict:
+    """``mean_ci`` of a record quantity with the interval of its domain (``METRIC_DOMAINS``) and
+    its float noise (``METRIC_NOISE``)."""
+    domain, lower = METRIC_DOMAINS.get(key, (REAL, 0.0))
+    return mean_ci(values, domain=domain, lower=lower, name=key, noise=METRIC_NOISE.get(key, FLOAT_NOISE))
+
+
+def results_table(world_cls, outputs: dict, prompts: list, files: dict) -> dict:
+    """{tag: {"params", <record metric>: mean_ci, "images_per_s", "speedup",
+    "speedup_per_accepted_length", <quality>}} from ``outputs`` {tag: (records, images)} (empty
+    where no prompt was completed by every method); ``files``: the world's ``files()``."""
+    outputs = {tag: out for tag, out in outputs.items() if out[0]}
+    table = {}
+    for tag, (rows, _) in outputs.items():
+        e = {"params": rows[0]["params"]}
+        for key in world_cls.record_metrics:
+            vals = [r[key] for r in rows if r.get(key) is not None]
+            if vals:
+                e[key] = metric_ci(key, vals)
+        if "ar" in outputs:
+            e.update(paired_differences(world_cls.paired_metrics, outputs["ar"][0], rows))
+        peak = _peak_memory(rows)
+        if peak is not None:  # CUDA runs: the most device memory any of this method's batches held
+            e["peak_memory_gib"] = peak
+        if world_cls.makes_images:  # throughput at the run's batch size: images per second of generation
+            e["images_per_s"] = metric_ci("images_per_s", [r.get("batch_size", 1) / r["latency_s"] for r in rows])
+        if "ar" in outputs and "latency_s" in rows[0]:
+            e["speedup"] = ratio_ci([r["latency_s"] for r in outputs["ar"][0]], [r["latency_s"] for r in rows], paired=True)
+            if "accepted_length" in e:
+                e["speedup_per_accepted_length"] = e["speedup"]["mean"] / e["accepted_length"]["mean"]
+            # the same without the quality signals' work (timed apart in eager rounds): the signals are the
+            # harness's measurement, not the method's cost; both speed-ups side by side from the same run
+            bare = [[r["latency_s"] - r["signal_s"] if r.get("signal_s") is not None else None for r in rs]
+                    for rs in (outputs["ar"][0], rows)]
+            if all(x is not None for x in bare[0] + bare[1]):
+                e["speedup_without_signals"] = ratio_ci(bare[0], bare[1], paired=True)
+        table[tag] = e
+    for tag, q in (world_cls.quality(outputs, prompts, files) if outputs else {}).items():
+        table[tag].update(q)
+    for e in table.values():
+        if any(k.endswith(MINUS_AR) for k in e):
+            e["resolution"] = resolution(e)
+    return table
+
+
+MINUS_AR = "_minus_ar"
+
+
+def paired_differences(keys, ar_rows: list, rows: list) -> dict:
+    """{``<key>_minus_ar``: mean_ci of (method - ar) over the prompts both have a value for}: the
+    same prompt and seed on both sides, so the prompt-to-prompt spread cancels."""
+    out = {}
+    for key in keys:
+        ar = {r["prompt_index"]: r[key] for r in ar_rows if r.get(key) is not None}
+        diffs = [r[key] - ar[r["prompt_index"]] for r in rows if r.get(key) is not None and r["prompt_index"] in ar]
+        if diffs:
+            out[key + MINUS_AR] = mean_ci(diffs, name=key + MINUS_AR)
+    return out
+
+
+def resolution(entry: dict) -> dict:
+    """{metric: half-width of its paired 95% CI against ar}: the smallest difference this run could
+    tell from zero (a reader sees whether n was large enough for the difference of interest);
+    a difference without an interval (n = 1) is left out."""
+    out = {}
+    for k, v in entry.items():
+        if k.endswith(MINUS_AR) and isinstance(v, dict) and ("ci95" in v or "lo" in v):
+            lo, hi = (v["ci95"] if "ci95" in v else (v["lo"], v["hi"]))
+            out[k[: -len(MINUS_AR)]] = (hi - lo) / 2
+    return out
+
+
+def _peak_memory(rows: list) -> Optional[float]:
+    """The largest ``peak_memory_gib`` of the records (each its batch's peak device memory, CUDA
+    only), None where no record has one (CPU runs, records of older runs): the peak over the
+    run's generation, since every batch's window starts at the memory already held."""
+    vals = [r["peak_memory_gib"] for r in rows if r.get("peak_memory_gib") is not None]
+    return max(vals) if vals else None
+
+
+def summarize(world_cls, identity: dict, outputs: dict, prompts: list, failures: dict) -> dict:
+    """The summary.json of a run: its identity's settings, where it ran (``peak_memory_gib``: the
+    peak device memory of its generation on CUDA, ``torch.cuda.max_memory_allocated`` in GiB over
+    the records' batches, warm-up excluded; null on the CPU), and ``results_table`` (each method's
+    own ``peak_memory_gib`` on CUDA)."""
+    rows = [r for recs, _ in outputs.values() for r in recs]
+    hardware = sorted({r["hardware"] for r in rows if "hardware" in r})
+    methods = identity["methods"]
+    return {"target": identity["target"],
+            **({"method": methods[identity["method"]]} if identity.get("method") in methods else {}),
+            "methods": methods, "n_prompts": len(prompts), **identity["settings"], "device": identity["device"],
+            "hardware": hardware[0] if len(hardware) == 1 else hardware, "threads": identity["threads"],
+            "peak_memory_gib": _peak_memory(rows),
+            "batch_size": identity.get("batch_size", 1),
+            **({"batch_invariant": True} if identity.get("batch_invariant") else {}),
+            "speedup_reference": SPEEDUP_REFERENCE, "failures": failures,
+            **_compile_summary(rows),
+            "results": results_table(world_cls, outputs, prompts, identity["world"])}
+
+
+def _compile_summary(rows: list) -> dict:
+    """``compile=true`` runs: graphs compiled after the warm-up, summed over the records (goal 0:
+    a graph compiled mid-run puts its compile time into a latency)."""
+    if not any("compilations" in r for r in rows):
+        return {}
+    return {"compile": {"graphs_compiled_after_warmup": int(sum(r.get("compilations", 0) for r in rows))}}
+
+
+def _cell(v, digits: int, null_reason: Optional[str] = None) -> str:
+    """A summary value as "mean [lo, hi]"; "mean (n=1: no CI)" without an interval; "-" for
+    null, "- (n too small)" where its reason is the sample size (the reason is printed below)."""
+    if v is None:
+        return "- (n too small)" if null_reason else "-"
+    if "no_ci" in v:
+        return f"{v['mean']:.{digits}f} ({v['no_ci']})"
+    if "fid" in v:
+        return f"{v['fid']:.{digits}f} [{v['lo']:.{digits}f}, {v['hi']:.{digits}f}]"
+    return f"{v['mean']:.{digits}f} [{v['ci95'][0]:.{digits}f}, {v['ci95'][1]:.{digits}f}]"
+
+
+def summary_lines(world_cls, table: dict, outputs: Optional[dict] = None) -> list[str]:
+    """The printed table: one row per method with the world's columns; worlds with
+    ``presentation.per_prompt`` add one row per prompt of those record fields."""
+    w = max([12] + [len(t) + 1 for t in table])
+    cols = world_cls.presentation.columns
+    lines = [f"{'method':<{w}} " + " ".join(f"{c.header:<24}" for c in cols).rstrip()]
+    for tag, e in table.items():
+        lines.append(f"{tag:<{w}} " + " ".join(f"{_cell(e.get(c.key), c.digits, e.get(c.key + NULL_REASON)):<24}"
+                                               for c in cols).rstrip())
+    reasons = {(c.key, e[c.key + NULL_REASON]) for e in table.values() for c in cols
+               if e.get(c.key) is None and e.get(c.key + NULL_REASON)}
+    lines += [f"{key}: null: {why}" for key, why in sorted(reasons)]
+    res = {tag: e["resolution"] for tag, e in table.items() if tag != "ar" and e.get("resolution")}
+    if res:
+        lines += ["", "resolution: half-width of the paired 95% CI against ar (a smaller difference is not resolved at this n)"]
+        lines += [f"{tag:<{w}} " + ", ".join(f"{k} ±{v:.3g}" for k, v in r.items()) for tag, r in res.items()]
+    if world_cls.presentation.per_prompt and outputs:
+        keys = world_cls.presentation.per_prompt
+        lines += ["", f"{'method':<{w}} {'prompt':>6} " + " ".join(f"{k:>{max(len(k), 8)}}" for k in keys)]
+        for tag, (rows, _) in outputs.items():
+            for r in rows:
+                cells = [f"{r[k]:>{max(len(k), 8)}.4f}" if isinstance(r[k], float) else f"{r[k]:>{max(len(k), 8)}}"
+                         for k in keys]
+                lines.append(f"{tag:<{w}} {r['prompt_index']:>6} " + " ".join(cells))
+    return lines
+
+
+def make_grid(rows: list[np.ndarray], scale: int = 3, labels: list[str] | None = None) -> np.ndarray:
+    """Rows of equal-size images -> one uint8 image, nearest-neighbour upscaled, each row
+    optionally labelled on the left (method names)."""
+    h, w = rows[0].shape[1:3]
+    n = max(len(r) for r in rows)
+    out = np.full((len(rows) * (h + 2), n * (w + 2), 3), 255, np.uint8)
+    for i, r in enumerate(rows):
+        for j, im in enumerate(r):
+            out[i * (h + 2) : i * (h + 2) + h, j * (w + 2) : j * (w + 2) + w] = im
+    out = out.repeat(scale, 0).repeat(scale, 1)
+    if not labels:
+        return out
+    from PIL import Image, ImageDraw
+
+    margin = 8 + 7 * max(len(t) for t in labels)
+    canvas = Image.new("RGB", (out.shape[1] + margin, out.shape[0]), "white")
+    canvas.paste(Image.fromarray(out), (margin, 0))
+    draw = ImageDraw.Draw(canvas)
+    for i, text in enumerate(labels):
+        draw.text((4, i * (h + 2) * scale + (h * scale) // 2 - 5), text, fill="black")
+    return np.asarray(canvas)
+
+
+GRID_COLUMNS = 8
+
+
+def run_grid(outputs: dict, reference: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
+    """The first ``GRID_COLUMNS`` images of every method (and the reference renders, where the
+    world draws them), labelled; small images upscaled to about 96 px. None without images."""
+    rows = [(tag, imgs[:GRID_COLUMNS]) for tag, (_, imgs) in outputs.items() if imgs is not None and len(imgs)]
+    if not rows:
+        return None
+    if reference is not None:
+        rows.append(("reference", reference[:GRID_COLUMNS]))
+    return make_grid([r for _, r in rows], scale=max(1, 96 // rows[0][1].shape[1]), labels=[t for t, _ in rows])
+
+
+def write_outputs(world_cls, summary: dict, outputs: dict, out_dir: Path, reference=None) -> list[str]:
+    """summary.json, grid.png and distortion.png (per-token distortion maps and depth curves, where
+    the records have them), atomically; returns the printed lines."""
+
+    write_json_atomic(summary, out_dir / "summary.json")
+    grid = run_grid(outputs, reference)
+    if grid is not None:
+        save_png_atomic(grid, out_dir / "grid.png")
+    wrote = "summary.json, samples.jsonl" + (", images/, grid.png" if grid is not None else "")
+    if write_distortion_figure(summary, {tag: recs for tag, (recs, _) in outputs.items()}, out_dir):
+        wrote += ", distortion.png"
+    lines = summary_lines(world_cls, summary["results"], outputs)
+    if "compile" in summary:
+        c = summary["compile"]
+        lines.append(f"compile=true: {c['graphs_compiled_after_warmup']} graphs compiled after the warm-up (goal 0)"
+                     + (f"; warm-up {c['warmup_s']:.1f} s, excluded from latency" if "warmup_s" in c else ""))
+    if summary.get("peak_memory_gib") is not None:
+        per = ", ".join(f"{t} {e['peak_memory_gib']:.2f}" for t, e in summary["results"].items()
+                        if "peak_memory_gib" in e)
+        lines.append(f"peak device memory over generation: {summary['peak_memory_gib']:.2f} GiB"
+                     + (f" ({per})" if per else ""))
+    lines.append(f"wrote {out_dir}/{wrote}")
+    if world_cls.presentation.next_step:
+        lines[-1] += "; " + world_cls.presentation.next_step.format(out_dir=out_dir)
+    return lines
+
+
+def write_distortion_figure(summary: dict, records_by_tag: dict, out_dir: Path) -> bool:
+    """distortion.png: each method's per-token distortion map and depth curve
+    (``coolsd.metrics.token_maps``); False (nothing written) where no record has per-token values."""
+
+    title = f"{summary['target']}: exact per-token distortion, {summary['n_prompts']} prompts"
+    return distortion_figure(records_by_tag, Path(out_dir) / "distortion.png", title) is not None

@@ -1,0 +1,1 @@
+"""Shared helpers of every layer: errors, input loading, records and files, statistics."""

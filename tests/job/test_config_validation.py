@@ -1,0 +1,224 @@
+"""A refused configuration stops before anything
+loads or is written, in one or two lines naming the key, its value and the valid range.
+
+The command-line rows run ``run.py`` as a subprocess (what a person types). A refused config must
+leave no run folder at all: ``coolsd.cli.runner.CheckBeforeRun`` refuses it before Hydra creates the
+folder, so the job function (and every model loader behind it) never runs. The output-folder rows
+use a path below a regular FILE: tests run as root, where permission bits do not stop writes, but
+nothing can create a folder inside a file.
+"""
+import functools
+import math
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import factories
+from coolsd.job.config_schema import check_config
+from coolsd.util.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+TIMES: dict = {}  # override -> (wall s, CPU s) of every refused command line (printed by the last test)
+
+
+def cli(tmp_path: Path, *overrides, env_extra=None, multirun=False, timeout=120):
+    """``python run.py <overrides> hydra.run.dir=<tmp>/run`` -> (process, wall s, child CPU s)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "COOLSD_VERBOSE", "COOLSD_INCLUDE")}
+    env.update(env_extra or {})
+    args = [sys.executable, str(ROOT / "run.py"), *(["-m"] if multirun else []),  # the last value of a key wins
+            f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'sweep'}", *overrides]
+    before, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+    proc = subprocess.run(args, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=timeout)
+    wall, after = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+    return proc, wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def assert_refused(tmp_path, proc, wall, cpu, key: str, label: str, status: int = 2):
+    out = proc.stdout + proc.stderr
+    TIMES[label] = (wall, cpu)
+    assert proc.returncode == status, out
+    assert key in out, out
+    assert "Traceback" not in out, out
+    assert len(proc.stderr.strip().splitlines()) <= 2 or status != 2, out  # one or two lines
+    assert not (tmp_path / "run").exists() and not (tmp_path / "sweep").exists(), "a refused config wrote files"
+    assert not list(tmp_path.rglob("run.json"))
+    # at most REFUSAL_WORK_S of CPU beyond starting Python and importing torch and Hydra (measured
+    # here, so both inflate alike on a loaded or slower machine; wall time is reported)
+    assert cpu < import_cpu() + REFUSAL_WORK_S, f"{label}: {cpu:.1f} s CPU ({wall:.1f} s wall; imports {import_cpu():.1f} s)"
+
+
+REFUSAL_WORK_S = 3.0  # measured 0.5-1.2 s beyond the imports (3.1-3.6 s CPU on a loaded AMD EPYC): config, checks, the world module
+
+
+@functools.lru_cache(maxsize=1)
+def import_cpu() -> float:
+    """CPU seconds of ``python -c "import torch, hydra"`` (the floor of any run.py call), the
+    smaller of two runs."""
+    def once():
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run([sys.executable, "-c", "import torch, hydra, omegaconf"], check=True, timeout=120)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return min(once(), once())
+
+
+# (overrides, the key the message must name): the refusals that are about values
+REFUSED = [
+    (["sampling.temperature=nan"], "sampling.temperature=nan"),
+    (["dataset.n_prompts=-1"], "dataset.n_prompts=-1"),
+    (["dataset.n_prompts=0"], "dataset.n_prompts=0"),
+    (["dataset.n_prompts=5001"], "the toy pool has 5000 prompts"),
+    (["seed=-1"], "seed=-1"),
+    (["threads=0"], "threads=0"),
+    (["batch_size=0"], "batch_size=0"),
+    (["tree.draft_length=100"], "64 image tokens"),
+    (["sampling.top_p=nan"], "sampling.top_p=nan"),
+    (["method.delta=nan"], "method.delta=nan"),
+    (["target.cfg_scale=inf"], "target.cfg_scale=inf"),
+    (["shard.index=2", "shard.count=2"], "shard.index 2"),
+]
+
+
+@pytest.mark.parametrize("overrides, key", REFUSED, ids=[" ".join(o) for o, _ in REFUSED])
+def test_refused_value_fails_fast_in_one_line(tmp_path, overrides, key):
+    proc, wall, cpu = cli(tmp_path, *overrides)
+    assert_refused(tmp_path, proc, wall, cpu, key, " ".join(overrides))
+    assert proc.stderr.startswith("error: ") and "is invalid" in proc.stderr or "shard" in key
+
+
+def test_wrong_type_fails_at_compose_time(tmp_path):
+    """Hydra's structured config refuses a value of the wrong type while composing (its own
+    message, naming the override and the key; no traceback, nothing written)."""
+    proc, wall, cpu = cli(tmp_path, "sampling.top_k=abc")
+    assert_refused(tmp_path, proc, wall, cpu, "sampling.top_k", "sampling.top_k=abc", status=1)
+    assert "could not be converted to Integer" in proc.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: target.device=cuda is valid here")
+def test_cuda_without_cuda_names_the_cpu_settings(tmp_path, world_overrides):
+    """A real target (tiny files) with target.device=cuda on a machine without CUDA: one line with
+    the CPU settings that work, before any file is opened."""
+    proc, wall, cpu = cli(tmp_path, *world_overrides("llamagen_xl"), "target.device=cuda")
+    assert_refused(tmp_path, proc, wall, cpu, "target.device=cuda", "target.device=cuda (llamagen_xl)")
+    assert "target.device=cpu target.dtype=float32 target.t5_dtype=float32" in proc.stderr
+
+
+def test_unwritable_output_folder_is_one_line(tmp_path):
+    """The run folder below a regular file cannot be created: one line naming it and the key,
+    before Hydra sets up its log file (no 'Unable to configure handler')."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    proc, wall, cpu = cli(tmp_path, f"hydra.run.dir={blocker / 'run'}")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert f"output folder {blocker / 'run'} cannot be created" in out and "hydra.run.dir" in out, out
+    assert "Traceback" not in out and "Unable to configure handler" not in out, out
+    assert blocker.read_text() == "not a folder" and not list(tmp_path.rglob("run.json"))
+    TIMES["unwritable hydra.run.dir"] = (wall, cpu)
+
+
+def test_unwritable_sweep_folder_is_one_line(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    proc, _, _ = cli(tmp_path, "seed=0,1", f"hydra.sweep.dir={blocker / 'sweep'}", multirun=True)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "hydra.sweep.dir" in out and "Traceback" not in out, out
+
+
+def test_verbose_shows_the_traceback(tmp_path):
+    proc, _, _ = cli(tmp_path, "threads=0", env_extra={"COOLSD_VERBOSE": "1"})
+    assert proc.returncode != 0 and "Traceback" in proc.stderr and "threads=0" in proc.stderr, proc.stderr
+
+
+# ------------------------------------------------------------------------------ in process
+def test_run_job_checks_before_loading(tmp_path, monkeypatch, world_overrides):
+    """``run_job`` (tests, sweeps, benchmarks call it without Hydra's callback) runs the same
+    check first: no loader is called, no folder is made."""
+    from coolsd.cli.runner import run
+
+    monkeypatch.setattr("coolsd.job.generation.load_world", lambda cfg: pytest.fail("a model was loaded"))
+    for overrides, key in [(["threads=0"], "threads=0"), (["sampling.temperature=nan"], "temperature"),
+                           (["tree.draft_length=65"], "64 image tokens")]:
+        with pytest.raises(ConfigError, match=key):
+            run(factories.compose(*overrides, f"+out_dir={tmp_path / 'run'}"))
+    blocker = tmp_path / "f"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match=r"output folder .*f/run cannot be created .*set out_dir="):
+        run(factories.compose("dataset.n_prompts=1", f"+out_dir={blocker / 'run'}"))
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match=r"target.device=cuda but CUDA is not available"):
+            run(factories.compose(*world_overrides("llamagen_xl"), "target.device=cuda", f"+out_dir={tmp_path / 'run'}"))
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["sampling.top_p=0"], r"sampling.top_p=0.0 is invalid: it must be a finite number > 0 and <= 1"),
+    (["sampling.top_k=-1"], r"sampling.top_k=-1 is invalid: it must be an integer >= 0 \(0 = the whole vocabulary\)"),
+    (["sampling.temperature=-1"], r"sampling.temperature=-1.0 .* >= 0"),
+    (["target.sampling.temperature=nan"], r"target.sampling.temperature=nan"),
+    (["dataset.offset=4999", "dataset.n_prompts=2"], r"dataset.n_prompts=2 .* 1 \.\. 1 \(the toy pool has 5000"),
+    (["dataset.offset=-1"], r"dataset.offset=-1 is invalid: it must be an integer in 0 \.\. 4999"),
+    (["dataset=coco2017val", "dataset.n_prompts=5001"], r"dataset.n_prompts=5001 .*\(the coco2017val pool has 5000"),
+    (["tree.draft_length=0"], r"tree.draft_length=0 .* 1 \.\. 64"),
+    (["method=lantern_pp", "+method.lambda=2"], r"no parameter\(s\) \['lambda'\]"),
+    (["method=coolsd", "method.nu=nan"], r"method.nu=nan"),
+    (["target=tabular", "tree.draft_length=6"], r"tree.draft_length=6 .* target tabular's 5 image tokens"),
+    (["target=llamagen_xl", "target.device=cpu", "target.dtype=fp32"], r"target.dtype='fp32' is invalid: valid: float32"),
+    (["target=llamagen_xl", "target.device=cpu", "tree.draft_length=257"], r"llamagen_xl's 256 image tokens"),
+    (["target=lumina_mgpt", "target.device=cpu", "tree.draft_length=2305"], r"lumina_mgpt's 2304 image tokens"),
+    (["compile=true", "target=mar_h", "target.device=cpu", "method=cspd"], r"compile=true is not implemented for target=mar_h"),
+])
+def test_range_checks(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        check_config(factories.compose(*overrides))
+
+
+@pytest.mark.parametrize("overrides", [["dataset=imagenet", "dataset.n_prompts=50000"], ["tree.draft_length=64"],
+                                       ["dataset.offset=4990", "dataset.n_prompts=10"], ["sampling.top_k=null"]])
+def test_in_range_values_pass(overrides):
+    check_config(factories.compose(*overrides))
+
+
+@pytest.mark.parametrize("override, key", [("threads=abc", "threads"), ("target.cfg_scale=abc", "target.cfg_scale"),
+                                           ("shard.count=x", "shard.count"), ("tree.draft_length=2.5", "tree.draft_length"),
+                                           ("dataset.n_prompts=many", "dataset.n_prompts"), ("compile=maybe", "compile")])
+def test_schema_types_are_checked_at_compose_time(override, key):
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException) as e:
+        factories.compose(override)
+    assert key in str(e.value) + str(e.value.__cause__)
+
+
+@pytest.mark.parametrize("target", ["toy", "toy_continuous", "llamagen_xl", "llamagen_xl_512", "lumina_mgpt",
+                                    "mar_h", "mar_l", "tabular"])
+def test_every_target_config_composes_and_checks(target, world_overrides):
+    """Every conf/target/*.yaml composes against its schema; its defaults are in range (real
+    targets on their tiny files, on the CPU)."""
+    from omegaconf import OmegaConf
+
+    extra = ["method=cspd"] if target in ("toy_continuous", "mar_h", "mar_l") else []
+    if target in ("mar_h", "mar_l"):
+        extra.append("dataset=imagenet")
+    real = target not in ("toy", "toy_continuous", "tabular")
+    cfg = factories.compose(*(world_overrides(target) if real else [f"target={target}"]), *extra)
+    assert OmegaConf.get_type(cfg.target).__name__.endswith("TargetSchema")
+    check_config(cfg)
+
+
+def test_refusals_were_fast(tmp_path):
+    """A refused command line, run and timed HERE (self-contained: it passes alone and in any order):
+    at most REFUSAL_WORK_S of CPU beyond the imports (``assert_refused``), a finite wall time. Also
+    reports the slowest refusal timed so far in this session (this one included)."""
+    proc, wall, cpu = cli(tmp_path, "threads=0")
+    assert_refused(tmp_path, proc, wall, cpu, "threads=0", "threads=0 (timed by test_refusals_were_fast)")
+    assert math.isfinite(wall) and wall > 0 and math.isfinite(cpu) and cpu > 0, (wall, cpu)
+    print(f"\nthis refusal: {wall:.2f} s wall, {cpu:.2f} s CPU; imports alone: {import_cpu():.2f} s CPU")
+    label, (w, c) = max(TIMES.items(), key=lambda kv: kv[1][0])
+    print(f"slowest refusal so far: {label}: {w:.2f} s wall, {c:.2f} s CPU over {len(TIMES)} command lines")

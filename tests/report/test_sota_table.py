@@ -1,0 +1,76 @@
+"""``make sota-table`` (coolsd.report.sota) on the toy world and on tiny random
+files of both real targets: every row (AR, EAGLE-1, COOL-SD 1.1 / 2, SJD random / vertical_repeat,
+MC-SJD, SJD-PAC, GSD) runs on one loaded target with one protocol, the table has its columns, the papers'
+own numbers sit in their labelled column, and MC-SJD's paired difference to SJD is reported.
+The numbers are meaningless at this size: the layout and the rows are what is tested."""
+import pytest
+
+from coolsd.report import sota
+from coolsd.report.sweep import sweep_frame
+
+LABELS = [label for label, *_ in sota.SOTA_ROWS]
+
+
+def _check_table(df, target, n_tokens):
+    assert list(df["method"]) == LABELS
+    assert (df["tokens_per_forward"] > 0).all() and (df["tokens_per_forward"] <= n_tokens).all()
+    ar = df.set_index("method").loc["AR"]
+    assert ar["tokens_per_forward"] < 1.0 + 1e-9 and ar["speedup"] == 1.0  # AR: one token per forward (+ prefill)
+    lossless = df[df["method"].str.startswith(("EAGLE", "SJD", "MC-SJD"))]  # SJD-PAC too
+    assert len(lossless) == 5 and (lossless["step_tv"] == 0).all()  # exactly 0, trees too (a lossless rule's pi is p)
+
+
+def test_toy_sota_table_has_every_row_and_the_coupling_test(tmp_path):
+    res, recs, n_tokens = sota.run_target("toy", 2, tmp_path / "records", None)
+    df = sota.build_table("toy", res["table"], recs, n_tokens)
+    _check_table(df, "toy", n_tokens)
+    sota.write_tables(df, tmp_path, sota.QUALITY["toy"])
+    md = (tmp_path / "sota.md").read_text()
+    assert "| toy | GSD (G=14) |" in md and "| toy | SJD-PAC (width 4, depth 3) |" in md
+    x = sota.coupling_test(recs)
+    assert x["n"] == 2 and x["metric"] == "target_forwards" and "MC-SJD (maximal) - SJD" in sota.coupling_line(x)
+    # the Jacobi rows ran at the toy window, drafted rows as chains of 4
+    assert sweep_frame(res["table"]).set_index("tag").loc["sjd", "params"]["window"] == sota.TOY_WINDOW
+
+
+@pytest.mark.parametrize("target", ["lumina_mgpt", "llamagen_xl"])
+def test_real_target_sota_table_on_tiny_files(target, tmp_path, request):
+    import factories
+    from factories import CAPTIONS_FIXTURE
+
+    if target == "lumina_mgpt":
+        overrides = factories.lumina_overrides(request.getfixturevalue("lumina_files"))
+    else:
+        overrides = factories.llamagen_overrides(request.getfixturevalue("llamagen_files"))
+    res, recs, n_tokens = sota.run_target(target, 2, tmp_path / "records", factories.tiny_metric_scorers(tmp_path),
+                                          [*overrides, f"dataset.captions={CAPTIONS_FIXTURE}"])
+    assert set(recs) == {tag for _, tag, *_ in sota.rows_for(target)}
+    for tag, e in res["table"].items():
+        assert {"clip_score", "fid", "latency_s", "target_forwards"} <= set(e), tag
+    df = sota.build_table(target, res["table"], recs, n_tokens)
+    _check_table(df, target, n_tokens)
+    sota.write_tables(df, tmp_path, sota.QUALITY["real"])
+    md = (tmp_path / "sota.md").read_text()
+    reported = next(x for x in md.splitlines() if x.startswith(f"| {target} | COOL-SD delta=1.1 |"))
+    assert ("2.69" if target == "lumina_mgpt" else "2.27") in reported and "LANTERN protocol" in reported
+    if target == "lumina_mgpt":
+        mc = next(x for x in md.splitlines() if x.startswith(f"| {target} | MC-SJD (maximal) |"))
+        assert "4.21" in mc and "SJD protocol" in mc
+        pac = next(x for x in md.splitlines() if x.startswith(f"| {target} | SJD-PAC (width 4, depth 3) |"))
+        assert "3.80" in pac and "SJD protocol" in pac
+
+
+@pytest.mark.parametrize("target", ["lumina_mgpt", "llamagen_xl"])
+def test_sota_experiment_rows_are_the_reports_rows(target):
+    """``python run.py -m +experiment=sota_<target>`` sweeps the same rows ``make sota-table`` runs."""
+    from omegaconf import OmegaConf
+
+    from coolsd.job.config_schema import method_from_cfg
+    from coolsd.cli.runner import compose
+
+    exp = OmegaConf.load(sota.ROOT / "experiments" / "experiment" / f"sota_{target}.yaml")
+    rows = str(exp.hydra.sweeper.params["+row"]).split(",")
+    assert len(rows) == len(sota.SOTA_ROWS)
+    for row, (_, _, method, params) in zip(rows, sota.rows_for(target)):
+        name, p = method_from_cfg(compose(f"+experiment=sota_{target}", f"+row={row}", "target=toy", "dataset=toy"))
+        assert name == method and all(p[k] == v for k, v in params.items()), (row, name, p, params)
