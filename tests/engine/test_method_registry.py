@@ -29,7 +29,9 @@ def test_every_default_is_valid_and_every_fact_is_declared():
     assert {n for n in method_names() if method_info(n).jacobi} >= {"sjd", "mc_sjd", "sjd_pac", "gsd"}
     lossless = {n for n in method_names("discrete") if method_info(n).is_lossless() and method_info(n).builtin}
     assert lossless == {"ar", "eagle", "sjd", "mc_sjd", "sjd_pac"}
-    assert method_info("cspd").is_lossless({"mode": "exact"}) and not method_info("cspd").is_lossless()
+    cspd = method_info("cspd")  # lossless with the exact rule and prefix verification only
+    assert cspd.is_lossless({"mode": "exact", "verify": "prefix"}) and not cspd.is_lossless()
+    assert not cspd.is_lossless({"mode": "exact"}) and not cspd.is_lossless({"verify": "prefix"})
 
 
 @pytest.mark.parametrize("name, params, message", [

@@ -58,7 +58,10 @@ class ContinuousMethod:
                              inner_temperature=self.inner_temperature)
 
 
-@register_method("cspd", families=("continuous",), lossless=lambda p: p["mode"] == "exact", params={
+# lossless only with the exact rule AND prefix verification (docs/methods.md#5-continuous-speculative-decoding):
+# parallel verification keeps every token, with no rollback
+@register_method("cspd", families=("continuous",), lossless=lambda p: p["mode"] == "exact" and p["verify"] == "prefix",
+                 params={
     "gamma": Param(8, int, low=1, doc="drafted tokens a round"),
     "mode": Param("paper", str, choices=MODES, doc="paper: the paper's rule; exact: the exact-prefix rule"),
     "verify": Param("parallel", str, choices=VERIFY),
