@@ -1,7 +1,7 @@
 """Tiny components of the real classes, from one factory for every test (the diffusers pattern):
 random-weight files in the official layouts for every registered real world, tiny toy
 continuous weights, the in-memory tiny models of the model tests (LlamaGen GPT and both its
-variants, Chameleon LM and VQGAN, MAR and its DiffLoss head) and their random inputs, the tiny
+variants, Chameleon LM and VQGAN, MAR and its DiffLoss head, xAR) and their random inputs, the tiny
 metric networks (CLIP, Inception-v3, moment features; ``tiny_models`` re-exports them), and the
 Hydra overrides that point a world at its tiny files (``world_overrides``). conftest.py turns
 them into fixtures. Each tiny component is built here only: a test that needs one imports it."""
@@ -379,6 +379,18 @@ def tiny_mar_head(seed: int = 2, dtype=torch.float64):
 
     c = mar_reference_cfg()
     return randomised(SimpleMLPAdaLN(c.token_dim, c.head_width, c.decoder_dim, c.head_depth).to(dtype).eval(), seed=seed)
+
+
+# ------------------------------------------------------------------------------ in-memory xAR (test_xar)
+TINY_XAR = dict(grid=4, cell=2, token_dim=4, dim=32, encoder_depth=2, decoder_depth=2, heads=2, n_classes=10)
+
+
+def tiny_xar(seed: int = 0, dtype=torch.float64, std: float = 0.15, **geometry):
+    """An XAR of ``TINY_XAR`` (4x4 tokens of 4 dims in 4 cells of 2x2, width 32, 2 + 2 blocks of 2 heads;
+    ``geometry`` overrides e.g. grid / cell) in ``dtype``, eval mode, every parameter random (``randomised``)."""
+    from coolsd.models.xar import XAR, XARConfig
+
+    return randomised(XAR(XARConfig(**{**TINY_XAR, **geometry})).to(dtype).eval(), seed=seed, std=std)
 
 
 # ------------------------------------------------------------------------------ toy continuous weights

@@ -15,20 +15,22 @@ the tolerance). ``tests/models/test_upstream_parity.py`` reads only these files.
 
 Families: ``--llamagen`` (GPT t2i, VQ-16, T5 caption path), ``--lantern`` (its LlamaGen variant,
 EAGLE heads for LlamaGen and Lumina-mGPT), ``--lumina`` (vendored Chameleon with Lumina's CFG
-processor and row ends, Chameleon VQGAN), ``--mar`` (MAR, DiffLoss, KL-16), ``--hf-chameleon``
-(transformers' Chameleon, from the installed package).
+processor and row ends, Chameleon VQGAN), ``--mar`` (MAR, DiffLoss, KL-16), ``--xar`` (xAR's
+network and its per-cell SDE sampler), ``--hf-chameleon`` (transformers' Chameleon, from the
+installed package).
 
 Usage (each option optional; families not given keep their existing files)::
 
     python tools/make_upstream_fixtures.py --llamagen /tmp/upstream/llamagen --lantern /tmp/upstream/lantern \
-        --lumina /tmp/upstream/lumina --mar /tmp/upstream/mar --hf-chameleon
+        --lumina /tmp/upstream/lumina --mar /tmp/upstream/mar --xar /tmp/upstream/xar --hf-chameleon
 
 Environment: LANTERN's and Lumina's modelling code needs transformers 4.45.2 (LANTERN's pin;
-transformers 5.x cannot build its configs), MAR's needs timm. Run this script with an interpreter
-that has them, e.g. a scratch venv outside the repository that sees our venv's torch (see
-tests/fixtures/upstream/README.md). Upstream imports this script cannot satisfy are stubbed for
-that import only, each documented where it is done: LANTERN's T5 embedder (loads FLAN-T5-XL),
-Lumina's ``data.item_processor`` (tokenizer files), torchvision for timm.
+transformers 5.x cannot build its configs), MAR's and xAR's need timm, xAR's also einops. Run
+this script with an interpreter that has them, e.g. a scratch venv outside the repository that
+sees our venv's torch (see tests/fixtures/upstream/README.md). Upstream imports this script
+cannot satisfy are stubbed for that import only, each documented where it is done: LANTERN's T5
+embedder (loads FLAN-T5-XL), Lumina's ``data.item_processor`` (tokenizer files), torchvision for
+timm, xAR's unused ``flash_attn`` import (and its ``.cuda()`` calls, the identity while it runs).
 
 The commit recorded for a checkout is ``git -C <checkout> rev-parse HEAD`` or, for an exported
 tree (``git archive``), the 40-hex first line of ``<checkout>/UPSTREAM_COMMIT``.
@@ -52,7 +54,7 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO_ROOT / "tests" / "fixtures" / "upstream"
 UPSTREAM_REPOS = {"llamagen": "FoundationVision/LlamaGen", "lantern": "jadohu/LANTERN", "lumina": "Alpha-VLLM/Lumina-mGPT",
-                  "mar": "LTH14/mar"}
+                  "mar": "LTH14/mar", "xar": "OliverRensu/xAR"}
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -808,12 +810,178 @@ def make_kl16(root: Path, out_dir: Path, manifest: dict) -> None:
              "models/vae.py (AutoencoderKL.decode)", tolerance=2e-5, note="decode-side weights only (size)")
 
 
+# ------------------------------------------------------------------------------------ xAR
+@contextlib.contextmanager
+def _xar_environment():
+    """What OliverRensu/xAR's ``models/xar.py`` needs beyond timm and einops, for its import and run
+    only: ``flash_attn`` (imported at xar.py:21, never called) as an empty module, torchvision for timm
+    (``_TorchvisionStub``; xar.py:11-12 use ``timm.layers.SwiGLU`` and two unused timm names), and
+    ``torch.Tensor.cuda`` as the identity (``.cuda()`` is hard-coded at xar.py:456, 471 and
+    sampler.py:74, 132, 176; this run is on the CPU). Everything is restored afterwards."""
+    flash = types.ModuleType("flash_attn")
+    flash.flash_attn_func = None
+    had, saved = "flash_attn" in sys.modules, sys.modules.get("flash_attn")
+    sys.modules["flash_attn"] = flash
+    cuda = torch.Tensor.cuda
+    torch.Tensor.cuda = lambda self, *a, **k: self
+    try:
+        with _TorchvisionStub():
+            yield
+    finally:
+        torch.Tensor.cuda = cuda
+        if had:
+            sys.modules["flash_attn"] = saved
+        else:
+            sys.modules.pop("flash_attn", None)
+
+
+@contextlib.contextmanager
+def _patched(obj, name: str, value):
+    old = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield old
+    finally:
+        setattr(obj, name, old)
+
+
+def make_xar(root: Path, out_dir: Path, manifest: dict) -> None:
+    """OliverRensu/xAR ``models/xar.py`` (with ``models/rope.py``) and ``models/sampler.py`` on a tiny
+    random xAR: width 32, 2 heads (head_dim 16), 2 + 2 blocks, SwiGLU hidden 85, at upstream's
+    hard-coded geometry (16x16 tokens of 16 dims in 4 cells of 8x8; 1001 class rows).
+
+    (a) The network without a cache: ``forward_mae_encoder`` + ``forward_mae_decoder`` on the whole
+        cell-ordered sequence with ``self.mask`` (the training branch of ``Attention``, dropout 0;
+        ``model.forward`` itself is not called: it draws its own label drop, times and noise), rows
+        labelled 3, 7 and the null class 1000, each cell at its own time (condition rows cell-major,
+        as xar.py:429 builds them).
+    (b) ``sample_tokens(num_steps=4, cfg=3.0)`` for labels (3, 7) with injected noise: ``torch.randn``
+        (the latents, xar.py:471) and ``torch.randn_like`` (the step noise, sampler.py:139) pop
+        pre-drawn tensors in upstream's call order (per cell: one latent, then num_steps - 1 noises);
+        ``sampler.get_score_from_velocity`` is wrapped to record the fp64 state and the raw fp64
+        velocities (both CFG halves) of every step, ``model.sample_inference`` to check the call
+        pattern (the context fed with the first step of cells 1-3 at t = 0, then cache-only calls).
+
+    Size (< 1 MB): the inputs are fp16 values (stored as fp16; upstream ran them as fp32 / fp64), the
+    states are stored as fp32 (upstream's are fp64: the rounding is 6e-8 relative), and upstream's
+    per-block RoPE buffers, asserted equal across blocks, are stored once (config "shared_buffers"
+    names the keys that hold the same tensor); the mask is stored as upstream holds it."""
+    commit = checkout_commit(root)
+    with _xar_environment(), upstream_path(root, ("models", "util")):
+        xm = importlib.import_module("models.xar")
+        sm = importlib.import_module("models.sampler")
+        versions = ", ".join(f"{n} {importlib.import_module(n).__version__}" for n in ("timm", "einops"))
+        model_cfg = dict(grid=16, cell=8, token_dim=16, dim=32, encoder_depth=2, decoder_depth=2, heads=2,
+                         mlp_ratio=4.0, n_classes=1000)
+        torch.manual_seed(0)
+        model = xm.xAR(img_size=256, vae_stride=16, patch_size=1, encoder_embed_dim=32, encoder_depth=2,
+                       encoder_num_heads=2, decoder_embed_dim=32, decoder_depth=2, decoder_num_heads=2, mlp_ratio=4,
+                       vae_embed_dim=16, clusters=4).eval()
+        randomize(model, seed=21, std=0.15, norm_keys=("norm", "_ln"))
+        round_fp16(model)
+        g = torch.Generator().manual_seed(22)
+        n_cells, cell_len, C = 4, 64, 16
+
+        # (a) the network, cache-free
+        seq = torch.randn(3, n_cells * cell_len, C, generator=g).half()
+        labels = torch.tensor([3, 7, 1000])
+        t = torch.tensor([[0., 0., 0.37, 0.9], [1., 0.5, 0.5, 0.04], [0.25, 0.68, 0., 1.]])  # (row, cell)
+        model.train()  # whole sequence with self.mask, no cache (xar.py:119-128); all dropouts are 0
+        with torch.no_grad():
+            cond = model.class_emb(labels).repeat(n_cells, 1) + model.time_embed((t.T.reshape(-1) * 1000).long())
+            v_full = model.forward_mae_decoder(
+                model.forward_mae_encoder(model.z_proj(seq.float()), cond, model.mask), cond, model.mask)
+        model.eval()
+
+        # (b) the sampler, injected noise
+        num_steps, cfg_scale, s_labels = 4, 3.0, torch.tensor([3, 7])
+        B = len(s_labels)
+        latents = torch.randn(n_cells, B, cell_len, C, generator=g).half()
+        eps = torch.randn(n_cells, num_steps - 1, B, cell_len, C, generator=g).half()
+        queue = [item for s in range(n_cells)
+                 for item in [("randn", latents[s])] + [("randn_like", e) for e in eps[s]]]
+
+        def draw(kind, shape, dtype):
+            want, value = queue.pop(0)
+            assert want == kind and tuple(value.shape) == tuple(shape), (kind, want, tuple(shape))
+            return value.to(dtype).clone()
+
+        def randn(*size, **kw):
+            shape = size[0] if len(size) == 1 and isinstance(size[0], (list, tuple, torch.Size)) else size
+            return draw("randn", shape, kw.get("dtype") or torch.float32)
+
+        def randn_like(x, **kw):
+            assert x.dtype == torch.float64  # the fp64 state (sampler.py:118, 139)
+            return draw("randn_like", x.shape, x.dtype)
+
+        states, vels, calls = [], [], []
+
+        def score(vt, xt, t_, path_type="linear"):
+            states.append(xt.clone())
+            vels.append(vt.clone())
+            return score_fn(vt, xt, t_, path_type=path_type)
+
+        infer = model.sample_inference
+
+        def sample_inference(x, label, time_input, update_cache, scale_index, mask=None):
+            calls.append((x.shape[1], bool(update_cache), scale_index, mask is not None,
+                          sorted(set((time_input * 1000).long().tolist()))))
+            return infer(x, label, time_input, update_cache, scale_index, mask)
+
+        model.sample_inference = sample_inference
+        with _patched(torch, "randn", randn), _patched(torch, "randn_like", randn_like), \
+                _patched(sm, "get_score_from_velocity", score) as score_fn, torch.no_grad():
+            tokens = model.sample_tokens(num_steps, cfg=cfg_scale, label=s_labels)
+        del model.sample_inference
+        assert not queue and len(states) == n_cells * num_steps
+        grid = torch.cat([torch.linspace(1., 0.04, num_steps, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)])
+        for s in range(n_cells):  # the call pattern this fixture pins (xar.py:469-472, sampler.py:126-152, 186-196)
+            for i in range(num_steps):
+                n_tok, update, index, masked, steps = calls[s * num_steps + i]
+                first = i == 0
+                assert (n_tok, update, index, masked) == (2 * cell_len if first and s else cell_len, first, s, first)
+                # the integer timestep of the fp32 time: 680 for t = 0.6799999999999999 (fp64: 679)
+                t32 = int((grid[i].float() * 1000).long())
+                assert steps == sorted({t32} | ({0} if first and s else set())), (s, i, steps, float(grid[i]))
+        x_all = torch.stack(states).reshape(n_cells, num_steps, 2 * B, cell_len, C)
+        assert torch.equal(x_all[:, :, :B], x_all[:, :, B:])  # both CFG halves carry the same state
+        v_all = torch.stack(vels).reshape(n_cells, num_steps, 2 * B, cell_len, C)
+        assert torch.equal(v_all, v_all.float().double())  # the model's fp32 output, cast up
+        assert torch.equal(x_all[:, 0, :B], latents.double())
+
+        state = dict(model.state_dict())
+        shared = {}
+        for name in ("freqs", "freqs_cos", "freqs_sin"):
+            keys = sorted(k for k in state if k.endswith(f".attn.rope.{name}"))
+            first = f"encoder_blocks.0.attn.rope.{name}"
+            assert all(torch.equal(state[k], state[first]) for k in keys)
+            shared[first] = [k for k in keys if k != first]
+            for k in shared[first]:
+                del state[k]
+        config = {"model": model_cfg, "sample": {"num_steps": num_steps, "cfg": cfg_scale},
+                  "shared_buffers": shared}
+        save(out_dir, "xar", "xar", state,
+             {"seq": seq, "labels": labels, "t": t, "sample_labels": s_labels, "latents": latents, "eps": eps},
+             {"v_full": v_full, "states": x_all[:, 1:, :B].float(), "v": v_all.float(), "tokens": tokens},
+             config, manifest, UPSTREAM_REPOS["xar"], commit,
+             "models/xar.py (forward_mae_encoder, forward_mae_decoder, sample_inference, sample_tokens), "
+             "models/rope.py (VisionRotaryEmbeddingFast), models/sampler.py (euler_maruyama_sampler)",
+             tolerance=2e-5,
+             note="(a) v_full: cache-free network on 3 rows (labels 3, 7, null 1000), each cell at its own t "
+                  "(in.t (row, cell)); (b) sample_tokens(num_steps=4, cfg=3) for labels 3, 7 with injected noise: "
+                  "in.latents (cell, B, 64, 16), in.eps (cell, step, B, 64, 16); out.v (cell, step, 2B, 64, 16) "
+                  "raw velocities (labelled rows, then null rows), out.states (cell, step, B, 64, 16) = the state "
+                  "after each stochastic step (fp64 upstream, stored fp32), out.tokens (B, 16, 16, 16); inputs "
+                  f"are fp16 values; RoPE buffers stored once (config shared_buffers); run with {versions}")
+
+
 # ------------------------------------------------------------------------------------ main
 FAMILIES = {
     "llamagen": [make_llamagen_gpt, make_llamagen_vq],
     "lantern": [make_lantern_llamagen, make_lantern_eagle, make_lantern_eagle_lumina],
     "lumina": [make_lumina_chameleon, make_vqgan],
     "mar": [make_mar, make_kl16],
+    "xar": [make_xar],
 }
 EXTRA = {"llamagen": [make_t5]}  # run after every family (make_t5 reads LANTERN's prompt files when given)
 
@@ -824,6 +992,7 @@ def main(argv=None) -> int:
     ap.add_argument("--lantern", type=Path, help="checkout of jadohu/LANTERN")
     ap.add_argument("--lumina", type=Path, help="checkout of Alpha-VLLM/Lumina-mGPT")
     ap.add_argument("--mar", type=Path, help="checkout of LTH14/mar")
+    ap.add_argument("--xar", type=Path, help="checkout of OliverRensu/xAR")
     ap.add_argument("--hf-chameleon", action="store_true",
                     help="also make the transformers ChameleonForConditionalGeneration fixture (installed package)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -844,7 +1013,7 @@ def main(argv=None) -> int:
         pass
     given = {name: getattr(args, name) for name in FAMILIES if getattr(args, name) is not None}
     if not given and not args.hf_chameleon:
-        ap.error("give at least one upstream checkout (--llamagen, --lantern, --lumina) or --hf-chameleon")
+        ap.error("give at least one upstream checkout (--llamagen, --lantern, --lumina, --mar, --xar) or --hf-chameleon")
     for name, root in given.items():
         if not root.is_dir():
             raise SystemExit(f"--{name} {root}: not a directory (a checkout of {UPSTREAM_REPOS[name]})")
