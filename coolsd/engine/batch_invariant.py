@@ -13,6 +13,9 @@ sample as it would be computed alone:
 * cached attention (``coolsd.models.kv_cache.KVCache.attend``) runs per sample over that
   sample's own span of keys (in a batch the span is the longest sample's, and a softmax or a
   weighted sum over more keys rounds differently even where the extra weights are 0);
+* masked attention over keys of arbitrary positions (xAR's speculation, ``coolsd.models.xar.attention_per_query``)
+  runs per query over its visible keys, and an elementwise GELU whose rows are no multiple of the CPU's
+  vector length pads its rows (``row_aligned_gelu``: vector body and scalar tail round differently);
 * a prefill of prompts of different lengths (Lumina-mGPT) runs each prompt alone;
 * encoding the prompts and decoding tokens to pixels run prompt by prompt (``per_sample``:
   encoders batch their matrix products, convolutions choose their algorithm by batch size), and

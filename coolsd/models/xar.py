@@ -84,6 +84,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from coolsd.engine.batch_invariant import active as batch_invariant_active
+from coolsd.engine.continuous.flow import T_LAST, cfg_schedule, guide, time_grid, transition  # noqa: F401
 from coolsd.models.blocks import compute_dtype
 from coolsd.models.mar import NULL_LABEL  # -1: the unconditional branch (coolsd.engine.model_protocol)
 from coolsd.util.loading import BadInputFile, check_state_dict, read_torch_checkpoint
@@ -262,7 +264,18 @@ class SwiGLU(nn.Module):
         self.fc2 = nn.Linear(hidden, dim)
 
     def forward(self, x):
-        return self.fc2(F.gelu(self.fc1_g(x)) * self.fc1_x(x))
+        g = self.fc1_g(x)
+        return self.fc2((row_aligned_gelu(g) if batch_invariant_active() else F.gelu(g)) * self.fc1_x(x))
+
+
+def row_aligned_gelu(x: torch.Tensor, align: int = 64) -> torch.Tensor:
+    """GELU with every row padded to a multiple of ``align`` elements: a CPU kernel computes the
+    vector body and the scalar tail of a contiguous tensor with erf approximations that round
+    differently, so with a width that is no multiple of the vector length (xAR's hidden of
+    int(D * 8 / 3), e.g. 2730) an element's result depends on its row's place in the batch; padded
+    rows all start on a vector boundary (``batch_invariant()``)."""
+    w = x.shape[-1]
+    return F.gelu(F.pad(x, (0, -w % align)))[..., :w]
 
 
 class Attention(nn.Module):
@@ -281,8 +294,26 @@ class Attention(nn.Module):
         new = (k, v)
         if past is not None:
             k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
+        if visible is not None and batch_invariant_active():
+            out = attention_per_query(q, k, v, visible)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
         return self.proj(out.transpose(1, 2).reshape(B, T, D)), new
+
+
+def attention_per_query(q, k, v, visible):
+    """Masked attention computed for each (row, query) over its visible keys only, in key order:
+    q (E, h, T, d), k / v (E, h, S, d), visible (E, 1 or h, T, S) bool. The result does not depend on
+    how many masked keys, other queries or other rows share the call (a softmax or a weighted sum over
+    more keys rounds differently even where the extra weights are 0): ``batch_invariant()``'s rule
+    for attention, as ``coolsd.models.kv_cache.KVCache.attend`` does per sample."""
+    out = torch.empty_like(q)
+    for e in range(q.shape[0]):
+        for i in range(q.shape[2]):
+            keep = visible[e, 0, i].nonzero().squeeze(1)
+            out[e:e + 1, :, i:i + 1] = F.scaled_dot_product_attention(q[e:e + 1, :, i:i + 1], k[e:e + 1, :, keep],
+                                                                      v[e:e + 1, :, keep])
+    return out
 
 
 class Block(nn.Module):
@@ -400,6 +431,54 @@ class XAR(nn.Module):
             new.append(kv)
         return (self.pred(self.decoder_norm(h)) if head else None), new
 
+    # ---------------------------------------------------------------- any positions, any mask (speculation)
+    def cell_positions(self) -> torch.Tensor:
+        """(seq_len,) long: the raster index of each cell-order position (``cell_order``)."""
+        return cell_order(self.config)
+
+    def attend(self, x, pos, cond, past=None, visible=None, head: bool = True):
+        """The network on tokens at arbitrary positions: x (E, T, C) at cell-order positions ``pos``
+        (E, T) long, ``cond`` (E, T, D) one adaLN vector per token, attending to ``past`` (per block
+        (k, v), each (E, heads, P, head_dim); None: no cache) and to themselves, query i seeing key j
+        iff ``visible[e, i, j]`` ((E, T, P + T) bool, keys = past then these tokens; None: every key).
+        Every per-position table is gathered at ``pos``, so on contiguous cells with the block-causal
+        mask this is ``_run`` (tests/models/test_xar.py). Returns (pred (E, T, C) or None, [(k, v)])."""
+        cos, sin, _ = self.tables(x.device)
+        cos, sin = cos[pos][:, None], sin[pos][:, None]  # (E, 1, T, head_dim): broadcast over heads
+        mask = None if visible is None else visible[:, None]
+        new = []
+        h = self.z_proj_ln(self.z_proj(x) + self.encoder_pos_embed_learned[0][pos])
+        for i, blk in enumerate(self.encoder_blocks):
+            h, kv = blk(h, cond, cos, sin, None if past is None else past[i], mask)
+            new.append(kv)
+        h = self.decoder_embed(self.encoder_norm(h)) + self.decoder_pos_embed_learned[0][pos]
+        n_enc = len(self.encoder_blocks)
+        for i, blk in enumerate(self.decoder_blocks):
+            h, kv = blk(h, cond, cos, sin, None if past is None else past[n_enc + i], mask)
+            new.append(kv)
+        return (self.pred(self.decoder_norm(h)) if head else None), new
+
+    def context_all(self, tokens: torch.Tensor, labels: torch.Tensor, unit: int) -> list:
+        """Keys and values (per block, each (E, heads, seq_len, head_dim)) of ALL positions of clean
+        tokens (E, seq_len, C) in cell order, embedded at t = 0, UNIT-causal: position p sees the
+        positions of its own and earlier units of ``unit`` tokens. A key of unit k depends on units
+        <= k only, so one context serves every known prefix of units (the caller hides keys past it);
+        at unit = cell_len these are the keys ``context`` returns for the same cells."""
+        E, L = tokens.shape[:2]
+        idx = torch.arange(L, device=tokens.device)
+        u_of = idx // unit
+        visible = (u_of[None, :] <= u_of[:, None]).expand(E, L, L)
+        cond = self.condition(labels, 0.).expand(E, L, -1)
+        return self.attend(tokens, idx.expand(E, L), cond, None, visible, head=False)[1]
+
+    def velocity_at(self, past: list, x: torch.Tensor, pos: torch.Tensor, t, labels: torch.Tensor,
+                    visible: torch.Tensor) -> torch.Tensor:
+        """Raw velocity (E, T, C) of states x (E, T, C) at cell-order positions ``pos`` (E, T) and flow
+        time t (float), for the rows' labels, given the keys ``past`` of ``context_all`` and the
+        visibility ``visible`` (E, T, seq_len + T) (cache keys, then the queries themselves)."""
+        cond = self.condition(labels, t).expand(-1, x.shape[1], -1)
+        return self.attend(x, pos, cond, past, visible)[0]
+
     # ---------------------------------------------------------------- the three calls
     def forward(self, x: torch.Tensor, t: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Cache-free: x (B, seq_len, C) every cell at its own time t (B, n_cells), labels (B,) ->
@@ -425,35 +504,7 @@ class XAR(nn.Module):
 
 
 # ------------------------------------------------------------------------------------ sampler
-T_LAST = 0.04  # the SDE runs from t = 1 to 0.04, then one deterministic step to 0 (sampler.py:116-117)
-
-
-def time_grid(num_steps: int) -> torch.Tensor:
-    """(num_steps + 1,) fp64: ``linspace(1, 0.04, num_steps)`` then 0 (sampler.py:116-117). Step i goes
-    from grid[i] to grid[i + 1]; steps 0 .. num_steps - 2 are stochastic, the last deterministic."""
-    if num_steps < 2:
-        raise ValueError(f"xAR sampler: num_steps {num_steps} < 2 (upstream needs >= 3, see the module docstring)")
-    return torch.cat([torch.linspace(1., T_LAST, num_steps, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)])
-
-
-def cfg_schedule(cfg: float, cell: int, n_cells: int) -> float:
-    """Guidance weight of cell ``cell``: ``(cfg - 1) * cell / (n_cells - 1) + 1`` (xar.py:470), linear
-    from 1 (cell 0, unguided) to cfg (the last cell); cfg itself for a single cell."""
-    return float(cfg) if n_cells == 1 else (cfg - 1) * cell / (n_cells - 1.) + 1
-
-
-def guide(v_cond: torch.Tensor, v_null: torch.Tensor, w: float) -> torch.Tensor:
-    """CFG on the velocity: ``v_null + w (v_cond - v_null)`` if w > 1 (strictly, sampler.py:159), else v_cond."""
-    return v_null + w * (v_cond - v_null) if w > 1. else v_cond
-
-
-def transition(x: torch.Tensor, v: torch.Tensor, t: float, dt: float, last: bool) -> tuple[torch.Tensor, float]:
-    """One sampler step from state x at time t by dt < 0 with the (guided) velocity v: the Gaussian
-    N(mean, std^2 I) of the next state, ``mean = x + dt (x + (2 - t) v)``, ``std = sqrt(2 t |dt|)``,
-    std 0 for the last step (sampler.py:137-163, 201-216). The drift is ``v - g^2 / 2 * score`` with
-    g^2 = 2t and the linear path's score ``((t - 1) v - x) / t`` (sampler.py:15-43)."""
-    mean = x + dt * (x + (2 - t) * v)
-    return mean, 0. if last else math.sqrt(2 * t * abs(dt))
+# time_grid, cfg_schedule, guide, transition: coolsd.engine.continuous.flow (the loop shares them)
 
 
 @torch.no_grad()

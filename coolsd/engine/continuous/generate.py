@@ -1,21 +1,29 @@
-"""The one generation loop of continuous-token models (MAR-style: ``conditions`` + diffusion
-``head``, e.g. ``coolsd.models.mar.MAR``): target-only sampling and CSpD speculative decoding,
-one token per step along a per-sample order (MAR's random order, or raster), batched.
+"""The one generation loop of continuous-token models: target-only sampling and CSpD speculative
+decoding, batched, in autoregressive STEPS of ``unit`` tokens along a per-sample order. A model
+family (``DiffusionFamily``, ``FlowFamily``) says how a step's tokens are sampled; the loop, the
+rounds, the verification and the counters are shared:
+* diffusion-head models (MAR-style ``conditions`` + ``head``, e.g. ``coolsd.models.mar.MAR``), one
+  token per step along MAR's random order or raster (``HeadConfig``);
+* flow models (xAR-style ``context_all`` + ``velocity_at``, ``coolsd.models.xar.XAR``), ``unit``
+  tokens per step along the cell order, each step one Euler-Maruyama chain (``FlowConfig``,
+  ``coolsd.engine.continuous.flow``).
 
-CSpD (continuous_sd.md 2.9; docs/methods.md#5-continuous-speculative-decoding): the first ``ceil(prefill * L)`` steps by the target
-alone; then rounds of gamma draft steps and ONE target forward, verified per token by
-``coolsd.engine.continuous.cspd`` with the rule ``mode``:
-* ``paper``: log r = log Sigma + l_p0(x0) - l_q0(x0), MAR's noiseless final step (x0 = mu_q0);
+CSpD (continuous_sd.md 2.9; docs/methods.md#5-continuous-speculative-decoding): the first
+``ceil(prefill * n_steps)`` steps by the target alone; then rounds of gamma draft steps and ONE
+target call, verified per token by ``coolsd.engine.continuous.cspd`` with the rule ``mode``:
+* ``paper``: log r = log Sigma + l_p0(x0) - l_q0(x0), the noiseless final step (x0 = mu_q0);
 * ``exact``: final-step noise, no Sigma; exact given the shared noise.
 and the schedule ``verify``:
 * ``parallel`` (mode A, the paper's MAR setting, section 2.7 d): the target sees the verified
   tokens only, every drafted token is decided independently and kept (accepted or resampled);
-* ``prefix`` (mode B, textbook, lossless with ``exact``): the drafted token of step s is verified
+* ``prefix`` (mode B, textbook, lossless with ``exact``): the drafted tokens of step s are verified
   under the target's condition given exactly the tokens of steps < s (draft tokens included: one
-  target forward over gamma + 1 rows of known sets), stop at the first rejection (its resample is
-  kept, later drafts dropped), the target's bonus token when all are accepted.
+  target call over gamma + 1 known sets), stop at the first step with a rejected token (that step's
+  accepted drafts and resamples are kept, later drafts dropped), the target's bonus step when all
+  are accepted (computed in the same target call). Within a step, tokens are independent given the
+  shared noise (each is N(mu_p, s^2) given it), so the per-token coupling is exact for the step.
 
-Alignment (2.3): the initial noise and every step's noise of position j come from a generator
+Alignment (2.3): the initial noise and every chain step's noise of position j come from a generator
 seeded by (sample seed, j), shared by draft, target and target-only sampling and independent of
 batch and order of work; the generation order, the verification uniforms and the resamples come
 from per-sample generators too, so a sample is the same alone or in a batch. Identical draft and
@@ -26,8 +34,11 @@ draws with CUDA generators and no random numbers are drawn on the CPU and copied
 is a function of (seed, label) on a given device type; CPU and CUDA samples of the same seed
 differ (torch's CPU and CUDA generators produce different streams), CPU samples are those of the
 CPU-only code before. CFG: both branches share the noise; the scale of step s is the same for draft and
-target (``constant``, or MAR's ``linear`` 1 + (w - 1)(s + 1) / L).
-Counters per sample: drafted, verified, accepted, resample rounds, fallbacks, target and draft forwards.
+target (diffusion: ``constant``, or MAR's ``linear`` 1 + (w - 1)(s + 1) / L; flow: the weight of the
+step's cell, ``flow.cfg_schedule``).
+Counters per sample (tokens, not steps): drafted, verified, accepted, resample rounds, fallbacks;
+target and draft forwards (calls of the model per step: a flow call is one context pass and
+num_steps velocity passes).
 """
 from __future__ import annotations
 
@@ -39,6 +50,8 @@ import torch
 
 from coolsd.engine.continuous.cspd import verify_exact, verify_paper
 from coolsd.engine.continuous.diffusion import HeadSample, Schedule, aligned_sample
+from coolsd.engine.continuous.flow import (DEFAULT_FINAL_STD, FlowConfig, cfg_schedule, guide, schedule_log_var_sum,
+                                           time_grid, transition)
 from coolsd.engine.model_protocol import NULL_LABEL
 
 MODES = ("exact", "paper")
@@ -95,69 +108,224 @@ def generation_order(seed: int, L: int, order: str) -> torch.Tensor:
 class ContinuousResult:
     tokens: torch.Tensor  # (B, L, C) in the model dtype, positions in image (raster) order
     counters: list  # per sample: {drafted, verified, accepted, resample_rounds, fallbacks, target_forwards,
-    #                 draft_forwards}; prefix mode verifies drafts up to the first rejection only
+    #                 draft_forwards}; prefix mode verifies drafts up to the first rejected step only
 
     def acceptance_rate(self, b: int) -> float | None:
         c = self.counters[b]
         return c["accepted"] / c["verified"] if c.get("verified") else None
 
 
-class _Run:
-    """The state of one batch: tokens, known mask, orders, per-sample generators and counters,
-    all on the device of the target's parameters (``device``)."""
+def _f64(h: HeadSample) -> HeadSample:
+    f = lambda t: t.to(torch.float64)  # noqa: E731
+    return HeadSample(h.x0, f(h.mu0), f(h.log_std0), f(h.s))
 
-    def __init__(self, model, labels, seeds, hc: HeadConfig, final_noise: bool, final_std: float | None = None,
-                 inner_temperature: float = 1.0):
-        cfg = model.config
-        self.L, self.C, self.hc, self.final_noise, self.final_std = cfg.seq_len, cfg.token_dim, hc, final_noise, final_std
-        self.dtype = next(model.parameters()).dtype
-        self.device = next(model.parameters()).device
-        self.labels, self.seeds = labels.to(self.device), list(seeds)
-        B = len(self.seeds)
-        self.sched = Schedule.respaced(hc.steps)
-        self.tokens = torch.zeros(B, self.L, self.C, dtype=self.dtype, device=self.device)
-        self.known = torch.zeros(B, self.L, dtype=torch.bool, device=self.device)
-        self.order = torch.stack([generation_order(s, self.L, hc.order) for s in self.seeds]).to(self.device)
-        self.rank = torch.argsort(self.order, 1)  # rank[b, j]: the step at which position j is generated
-        self.gens = [torch.Generator(device=self.device).manual_seed(_seed(s, 1 << 20)) for s in self.seeds]
-        self.inner_temperature = inner_temperature  # the paper rule's lam (cspd_generate)
-        self.counters = [dict(drafted=0, verified=0, accepted=0, resample_rounds=0, fallbacks=0, target_forwards=0, draft_forwards=0)
-                         for _ in self.seeds]
 
-    def conditions(self, model, rows, tokens, known):
-        """z (and z_u with CFG) of every position, one forward (both CFG branches in one batch)."""
-        labels = self.labels[rows]
+class DiffusionFamily:
+    """MAR-style models: ``model.conditions(tokens, known, labels)`` gives one condition per position
+    (both CFG branches in one batch), ``model.head`` runs the aligned DDPM chain of each token
+    (``coolsd.engine.continuous.diffusion``); one token per step."""
+
+    unit = 1
+
+    def __init__(self, model, hc: HeadConfig):
+        self.hc, self.L, self.C = hc, model.config.seq_len, model.config.token_dim
+        self.n_steps, self.sched = self.L, Schedule.respaced(hc.steps)
+        self.chain_steps = self.sched.K
+
+    def positions(self, seed: int) -> torch.Tensor:
+        return generation_order(seed, self.L, self.hc.order).view(self.L, 1)
+
+    def check_draft(self, draft) -> None:
+        got, want = (draft.config.seq_len, draft.config.token_dim), (self.L, self.C)
+        if got != want:
+            raise ValueError(f"draft and target disagree on (seq_len, token_dim): {got} vs {want}")
+
+    def prepare(self, run: _Run, model, rows, tokens, known):
+        """z (and z_u with CFG) of every position of each entry, one forward (both CFG branches in one batch)."""
+        labels = run.labels[rows]
         if self.hc.cfg == 1.0:
             return model.conditions(tokens, known, labels), None
         z = model.conditions(torch.cat([tokens, tokens]), torch.cat([known, known]),
                              torch.cat([labels, torch.full_like(labels, NULL_LABEL)]))
         return z.chunk(2)
 
-    def sample(self, model, z, zu, rows, steps) -> HeadSample:
-        """The aligned head chain of each row (sample ``rows[i]``, generation step ``steps[i]``);
-        z, zu: (B', L, D) conditions of those rows. Densities are returned in float64, on the
-        device (verification runs there, with the per-sample generators of that device)."""
-        n = len(rows)
-        pos = self.order[rows, steps]
-        ar = torch.arange(n, device=self.device)
-        noise, eps = zip(*(position_noise(self.seeds[int(b)], int(j), self.sched.K, self.C, self.dtype, self.device)
-                           for b, j in zip(rows.tolist(), pos.tolist())))
-        noise, eps = torch.stack(noise), torch.stack(eps, 1)
-        zr, zur = z[ar, pos], None if zu is None else zu[ar, pos]
-        cfg = self.hc.scale(steps, self.L).to(device=self.device, dtype=self.dtype)
+    def sample(self, run: _Run, model, ctx, entry, rows, steps) -> HeadSample:
+        """The aligned head chain of query q: sample ``rows[q]``, step ``steps[q]``, condition of ctx
+        entry ``entry[q]``. Densities in float64, on the device."""
+        z, zu = ctx
+        pos = run.pos[rows, steps, 0]
+        noise, eps = run.noise(rows, pos)
+        zr, zur = z[entry, pos], None if zu is None else zu[entry, pos]
+        cfg = self.hc.scale(steps, self.L).to(device=run.device, dtype=run.dtype)
         h = aligned_sample(model.head, zr, noise, eps, self.sched, z_u=zur, cfg=cfg, tau=self.hc.temperature,
-                           final_noise=self.final_noise, clip_x0=self.hc.clip_x0, final_std=self.final_std)
-        f = lambda t: t.to(torch.float64)  # noqa: E731
-        return HeadSample(h.x0, f(h.mu0), f(h.log_std0), f(h.s))
+                           final_noise=run.final_noise, clip_x0=self.hc.clip_x0, final_std=run.final_std)
+        return _f64(h)
+
+
+class FlowFamily:
+    """xAR-style flow models: ``model.context_all`` gives the keys of every position of clean tokens,
+    unit-causal, and ``model.velocity_at`` the velocity of query tokens that see the keys of the known
+    steps and their own step; a step is ``unit`` consecutive positions of ``model.cell_positions()``
+    (cell order), sampled by the Euler-Maruyama chain of ``coolsd.engine.continuous.flow`` from
+    aligned noise: position j's x^(K) starts the chain, eps_k drives step i = K-1-k (k = K-1 .. 1) and
+    eps_0 is the final noise (exact mode). The final std s is shared (``final_std``, default
+    ``DEFAULT_FINAL_STD``) and S is the schedule's constant, so log Sigma = 0 (flow module docstring)."""
+
+    def __init__(self, model, fc: FlowConfig, final_std: float | None):
+        c = model.config
+        self.fc, self.L, self.C, self.cell_len = fc, c.seq_len, c.token_dim, c.cell_len
+        self.unit = fc.unit_for(c.cell_len)
+        self.n_steps, self.n_cells = self.L // self.unit, c.n_cells
+        self.chain_steps, self.grid = fc.num_steps, time_grid(fc.num_steps)
+        self.order = model.cell_positions()  # (L,) raster index of cell-order position i
+        self.final_std = DEFAULT_FINAL_STD if final_std is None else float(final_std)
+        self.S = schedule_log_var_sum(fc.num_steps, self.C)
+        self.geometry = (c.seq_len, c.token_dim, c.grid, c.cell)
+
+    def positions(self, seed: int) -> torch.Tensor:
+        return self.order.view(self.n_steps, self.unit)
+
+    def check_draft(self, draft) -> None:
+        c = draft.config
+        got = (c.seq_len, c.token_dim, getattr(c, "grid", None), getattr(c, "cell", None))
+        if got != self.geometry:
+            raise ValueError(f"draft and target disagree on (seq_len, token_dim, grid, cell): {got} vs {self.geometry}")
+
+    def prepare(self, run: _Run, model, rows, tokens, known):
+        """Entries e = (sample rows[e], known steps < sees[e]); one context per distinct sample (the
+        entries of one sample share its tokens on their known steps, which is all a unit-causal key
+        depends on). With CFG the null-label half follows the labelled half."""
+        uniq, inv = torch.unique(rows, return_inverse=True)
+        first = torch.zeros(len(uniq), dtype=torch.long, device=rows.device).scatter_(
+            0, inv.flip(0), torch.arange(len(rows), device=rows.device).flip(0))  # first entry of each sample
+        order = self.order.to(run.device)
+        cells = tokens[first][:, order]  # (U, L, C) cell order
+        labels = run.labels[uniq]
+        if self.fc.cfg > 1:
+            cells, labels = torch.cat([cells, cells]), torch.cat([labels, torch.full_like(labels, NULL_LABEL)])
+        sees = known.sum(1) // self.unit
+        return dict(kv=model.context_all(cells, labels, self.unit), labels=labels, inv=inv, sees=sees, U=len(uniq))
+
+    def sample(self, run: _Run, model, ctx, entry, rows, steps) -> HeadSample:
+        """The aligned chains of query steps: query q is step ``steps[q]`` of sample ``rows[q]`` seeing
+        the known steps of ctx entry ``entry[q]``; the queries of one sample run together (each sees
+        its own step's tokens and the keys of its entry's known steps). Returns (Q * unit) token rows,
+        query-major. The chain runs in float64 (upstream's state dtype), the model in its own."""
+        u, L, C, dev = self.unit, self.L, self.C, run.device
+        Q = len(entry)
+        g = ctx["inv"][entry]  # context row of each query
+        counts = torch.bincount(g, minlength=ctx["U"])
+        slot = torch.zeros(Q, dtype=torch.long, device=dev)  # the query's place among its context's queries
+        for r in range(ctx["U"]):
+            hit = (g == r).nonzero().squeeze(1)
+            slot[hit] = torch.arange(len(hit), device=dev)
+        used = (counts > 0).nonzero().squeeze(1)
+        R, M = len(used), int(counts.max())
+        row_of = torch.full((ctx["U"],), -1, dtype=torch.long, device=dev)
+        row_of[used] = torch.arange(R, device=dev)
+        qr, T = row_of[g], M * u  # query -> batch row; T query tokens per row
+        tok = slot[:, None] * u + torch.arange(u, device=dev)  # (Q, u) column of each token in its row
+        cell_pos = steps[:, None] * u + torch.arange(u, device=dev)  # (Q, u) cell-order positions
+        img_pos = run.pos[rows, steps]  # (Q, u) raster positions
+        noise, eps = run.noise(rows.repeat_interleave(u), img_pos.reshape(-1))
+        noise = noise.double().view(Q, u, C)
+        eps = eps.double().view(-1, Q, u, C)
+        pos = torch.zeros(R, T, dtype=torch.long, device=dev)
+        pos[qr[:, None], tok] = cell_pos
+        limit = torch.zeros(R, T, dtype=torch.long, device=dev)  # cache keys < limit are visible
+        limit[qr[:, None], tok] = (ctx["sees"][entry] * u)[:, None].expand(Q, u)
+        blk = torch.full((R, T), -1, dtype=torch.long, device=dev)  # query block id (-1: padding)
+        blk[qr[:, None], tok] = slot[:, None].expand(Q, u)
+        keys = torch.arange(L, device=dev)[None, None, :] < limit[:, :, None]
+        self_vis = (blk[:, :, None] == blk[:, None, :]) & (blk[:, None, :] >= 0)
+        self_vis |= torch.eye(T, dtype=torch.bool, device=dev)[None]  # padding sees itself (no empty row)
+        visible = torch.cat([keys, self_vis], 2)
+        w = torch.tensor([cfg_schedule(self.fc.cfg, c, self.n_cells) for c in range(self.n_cells)],
+                         dtype=torch.float64, device=dev)[cell_pos // self.cell_len][..., None]  # (Q, u, 1)
+        halves = self.fc.cfg > 1
+        ctx_rows = used if not halves else torch.cat([used, used + ctx["U"]])
+        kv = [(k[ctx_rows], v[ctx_rows]) for k, v in ctx["kv"]]
+        labels = ctx["labels"][ctx_rows]
+        dup = (lambda z: torch.cat([z, z])) if halves else (lambda z: z)
+        x = noise
+        K = self.chain_steps
+        for i in range(K):
+            t, dt = float(self.grid[i]), float(self.grid[i + 1] - self.grid[i])
+            xb = torch.zeros(R, T, C, dtype=run.dtype, device=dev)
+            xb[qr[:, None], tok] = x.to(run.dtype)
+            v = model.velocity_at(kv, dup(xb), dup(pos), t, labels, dup(visible)).double()
+            vq = v[qr[:, None], tok]  # (Q, u, C) labelled half
+            if halves:
+                vq = guide(vq, v[R:][qr[:, None], tok], w)
+            mean, std = transition(x, vq, t, dt, last=i == K - 1)
+            x = mean + std * eps[K - 1 - i] if std else mean
+        mu0 = x.reshape(Q * u, C)
+        s0 = torch.full_like(mu0, math.log(self.final_std))
+        x0 = mu0 + self.final_std * eps[0].reshape(Q * u, C) if run.final_noise else mu0
+        return HeadSample(x0.to(run.dtype), mu0, s0, torch.full((Q * u,), self.S, dtype=torch.float64, device=dev))
+
+
+def family_for(model, settings, final_std=None):
+    """The family of ``settings``: ``HeadConfig`` -> ``DiffusionFamily``, ``FlowConfig`` -> ``FlowFamily``."""
+    if isinstance(settings, FlowConfig):
+        if not hasattr(model, "velocity_at"):
+            raise ValueError(f"FlowConfig needs a flow model (context_all / velocity_at), got {type(model).__name__}")
+        return FlowFamily(model, settings, final_std)
+    if isinstance(settings, HeadConfig):
+        if not hasattr(model, "head"):
+            raise ValueError(f"HeadConfig needs a diffusion-head model (conditions / head), got {type(model).__name__}")
+        return DiffusionFamily(model, settings)
+    raise TypeError(f"sampling settings must be a HeadConfig or a FlowConfig, got {type(settings).__name__}")
+
+
+class _Run:
+    """The state of one batch: tokens, known mask, each sample's step positions (``pos`` (B, n_steps,
+    unit)) and the step of each position (``rank``), per-sample generators and counters, all on the
+    device of the target's parameters (``device``)."""
+
+    def __init__(self, model, labels, seeds, settings, final_noise: bool, final_std: float | None = None,
+                 inner_temperature: float = 1.0):
+        self.fam = family_for(model, settings, final_std)
+        self.L, self.C, self.n_steps, self.unit = self.fam.L, self.fam.C, self.fam.n_steps, self.fam.unit
+        self.final_noise, self.final_std = final_noise, final_std
+        self.dtype = next(model.parameters()).dtype
+        self.device = next(model.parameters()).device
+        self.labels, self.seeds = labels.to(self.device), list(seeds)
+        B = len(self.seeds)
+        self.tokens = torch.zeros(B, self.L, self.C, dtype=self.dtype, device=self.device)
+        self.known = torch.zeros(B, self.L, dtype=torch.bool, device=self.device)
+        self.pos = torch.stack([self.fam.positions(s) for s in self.seeds]).to(self.device)
+        self.rank = torch.empty(B, self.L, dtype=torch.long, device=self.device)  # rank[b, j]: the step of j
+        steps = torch.arange(self.n_steps, device=self.device)[:, None].expand(self.n_steps, self.unit).reshape(-1)
+        self.rank.scatter_(1, self.pos.reshape(B, -1), steps.expand(B, -1).contiguous())
+        self.gens = [torch.Generator(device=self.device).manual_seed(_seed(s, 1 << 20)) for s in self.seeds]
+        self.inner_temperature = inner_temperature  # the paper rule's lam (cspd_generate)
+        self.counters = [dict(drafted=0, verified=0, accepted=0, resample_rounds=0, fallbacks=0, target_forwards=0, draft_forwards=0)
+                         for _ in self.seeds]
+
+    def noise(self, rows, pos):
+        """(x^(K) (n, C), eps (K, n, C)) of the positions ``pos`` of samples ``rows`` (``position_noise``)."""
+        noise, eps = zip(*(position_noise(self.seeds[int(b)], int(j), self.fam.chain_steps, self.C, self.dtype,
+                                          self.device) for b, j in zip(rows.tolist(), pos.tolist())))
+        return torch.stack(noise), torch.stack(eps, 1)
+
+    def prepare(self, model, rows, tokens, known):
+        return self.fam.prepare(self, model, rows, tokens, known)
+
+    def sample(self, model, ctx, entry, rows, steps) -> HeadSample:
+        return self.fam.sample(self, model, ctx, entry, rows, steps)
+
+    def write(self, rows, steps, x0):
+        """Tokens x0 ((n * unit, C), step-major) of step ``steps[i]`` of sample ``rows[i]``, now known."""
+        p = self.pos[rows, steps]
+        self.tokens[rows[:, None], p] = x0.to(device=self.device, dtype=self.dtype).view(len(rows), self.unit, self.C)
+        self.known[rows[:, None], p] = True
 
     def target_step(self, target, step: int):
-        """One token per sample by the target alone (lockstep: every sample at ``step``)."""
+        """One step per sample by the target alone (lockstep: every sample at ``step``)."""
         rows = torch.arange(len(self.seeds), device=self.device)
-        z, zu = self.conditions(target, rows, self.tokens, self.known)
-        h = self.sample(target, z, zu, rows, torch.full_like(rows, step))
-        pos = self.order[rows, step]
-        self.tokens[rows, pos] = h.x0
-        self.known[rows, pos] = True
+        ctx = self.prepare(target, rows, self.tokens, self.known)
+        self.write(rows, torch.full_like(rows, step), self.sample(target, ctx, rows, rows, torch.full_like(rows, step)).x0)
         for c in self.counters:
             c["target_forwards"] += 1
 
@@ -193,28 +361,27 @@ def check_settings(gamma=1, mode="paper", verify="parallel", prefill=0.0, max_ro
 
 
 @torch.no_grad()
-def ar_generate(target, labels, seeds, hc: HeadConfig, *, final_noise: bool = False,
+def ar_generate(target, labels, seeds, hc, *, final_noise: bool = False,
                 final_std: float | None = None) -> ContinuousResult:
-    """Target-only sampling, one token per step (MAR with num_iter = seq_len)."""
+    """Target-only sampling, one step at a time (MAR with num_iter = seq_len; xAR with unit tokens a step)."""
     run = _Run(target, labels, seeds, hc, final_noise, final_std)
-    for s in range(run.L):
+    for s in range(run.n_steps):
         run.target_step(target, s)
     return run.result()
 
 
 @torch.no_grad()
-def cspd_generate(target, draft, labels, seeds, hc: HeadConfig, *, gamma: int = 4, mode: str = "paper",
+def cspd_generate(target, draft, labels, seeds, hc, *, gamma: int = 4, mode: str = "paper",
                   verify: str = "parallel", prefill: float = 0.05, max_rounds: int = 100,
                   final_std: float | None = None, inner_temperature: float = 1.0) -> ContinuousResult:
-    """``final_std``: the final step's std s for both models (None: the head's tau sigma_0); the
-    exact mode's smoothing (continuous_sd.md 2.9), to be used by the target-only reference too.
-    ``inner_temperature``: the paper rule's lam (``coolsd.engine.continuous.cspd.verify_paper``)."""
+    """``hc``: a ``HeadConfig`` or a ``FlowConfig`` (the family). ``final_std``: the final step's std s for
+    both models (None: the head's tau sigma_0; a flow's ``DEFAULT_FINAL_STD``); the exact mode's
+    smoothing (continuous_sd.md 2.9), to be used by the target-only reference too. ``gamma``: draft
+    STEPS per round. ``inner_temperature``: the paper rule's lam (``coolsd.engine.continuous.cspd.verify_paper``)."""
     check_settings(gamma, mode, verify, prefill, max_rounds, final_std, inner_temperature)
-    if (draft.config.seq_len, draft.config.token_dim) != (target.config.seq_len, target.config.token_dim):
-        raise ValueError(f"draft and target disagree on (seq_len, token_dim): {(draft.config.seq_len, draft.config.token_dim)}"
-                         f" vs {(target.config.seq_len, target.config.token_dim)}")
     run = _Run(target, labels, seeds, hc, mode == "exact", final_std, inner_temperature)  # exact: final noise (2.9)
-    m = min(math.ceil(prefill * run.L), run.L)
+    run.fam.check_draft(draft)
+    m = min(math.ceil(prefill * run.n_steps), run.n_steps)
     for s in range(m):  # token pre-filling (2.5): every sample is at the same step here
         run.target_step(target, s)
     (_parallel if verify == "parallel" else _prefix)(run, target, draft, m, int(gamma), mode, max_rounds)
@@ -223,20 +390,21 @@ def cspd_generate(target, draft, labels, seeds, hc: HeadConfig, *, gamma: int = 
 
 def _draft(run: _Run, draft, rows, start, g):
     """g[k] draft steps of sample rows[k] from its step start[k]: returns (draft tokens (R, L, C),
-    HeadSample of (R, max g) rows: step j of row k at [k, j], zeros past g[k])."""
+    HeadSample of (R, max g * unit) rows: token i of step j of row k at [k, j * unit + i], zeros past g[k])."""
     tokens, known = run.tokens[rows].clone(), run.known[rows].clone()
-    R, G = len(rows), int(g.max())
+    R, G, u = len(rows), int(g.max()), run.unit
     f64 = dict(dtype=torch.float64, device=run.device)
-    q = HeadSample(torch.zeros(R, G, run.C, dtype=run.dtype, device=run.device), torch.zeros(R, G, run.C, **f64),
-                   torch.zeros(R, G, run.C, **f64), torch.zeros(R, G, **f64))
+    q = HeadSample(torch.zeros(R, G * u, run.C, dtype=run.dtype, device=run.device), torch.zeros(R, G * u, run.C, **f64),
+                   torch.zeros(R, G * u, run.C, **f64), torch.zeros(R, G * u, **f64))
     for j in range(G):
         live = (g > j).nonzero().squeeze(1)
-        z, zu = run.conditions(draft, rows[live], tokens[live], known[live])
-        h = run.sample(draft, z, zu, rows[live], start[live] + j)
-        pos = run.order[rows[live], start[live] + j]
-        tokens[live, pos], known[live, pos] = h.x0, True
+        ctx = run.prepare(draft, rows[live], tokens[live], known[live])
+        h = run.sample(draft, ctx, torch.arange(len(live), device=run.device), rows[live], start[live] + j)
+        p = run.pos[rows[live], start[live] + j]
+        tokens[live[:, None], p] = h.x0.view(len(live), u, run.C)
+        known[live[:, None], p] = True
         for f in ("x0", "mu0", "log_std0", "s"):
-            getattr(q, f)[live, j] = getattr(h, f)
+            getattr(q, f)[live, j * u:(j + 1) * u] = getattr(h, f).view(len(live), u, *getattr(h, f).shape[1:])
         for b in rows[live].tolist():
             run.counters[b]["draft_forwards"] += 1
     return tokens, q
@@ -257,57 +425,55 @@ def _count(c: dict, v, take: int, drafted: int):
 
 
 def _parallel(run: _Run, target, draft, s: int, gamma: int, mode: str, max_rounds: int):
-    B = len(run.seeds)
+    B, u = len(run.seeds), run.unit
     rows = torch.arange(B, device=run.device)
-    while s < run.L:
-        g = min(gamma, run.L - s)
+    while s < run.n_steps:
+        g = min(gamma, run.n_steps - s)
         _, q = _draft(run, draft, rows, torch.full_like(rows, s), torch.full_like(rows, g))
-        z, zu = run.conditions(target, rows, run.tokens, run.known)  # the verified tokens only (2.7 d)
+        ctx = run.prepare(target, rows, run.tokens, run.known)  # the verified tokens only (2.7 d)
         trows = rows.repeat_interleave(g)
         tsteps = (s + torch.arange(g, device=run.device)).repeat(B)
-        p = run.sample(target, z[trows], None if zu is None else zu[trows], trows, tsteps)
+        p = run.sample(target, ctx, trows, trows, tsteps)
+        n = g * u
         for b in range(B):
-            v = run.verify(b, mode, _rows(p, slice(b * g, (b + 1) * g)), _rows(q, b),
-                           max_rounds)
-            pos = run.order[b, s:s + g]
+            v = run.verify(b, mode, _rows(p, slice(b * n, (b + 1) * n)), _rows(q, b), max_rounds)
+            pos = run.pos[b, s:s + g].reshape(-1)
             run.tokens[b, pos] = v.tokens.to(device=run.device, dtype=run.dtype)  # every token kept: no rollback
             run.known[b, pos] = True
-            _count(run.counters[b], v, g, g)
+            _count(run.counters[b], v, n, n)
         s += g
 
 
 def _prefix(run: _Run, target, draft, m: int, gamma: int, mode: str, max_rounds: int):
-    n = torch.full((len(run.seeds),), m, dtype=torch.long, device=run.device)  # tokens done per sample
-    while bool((n < run.L).any()):
-        rows = (n < run.L).nonzero().squeeze(1)
-        g = (run.L - n[rows]).clamp(max=gamma)
+    u, dev = run.unit, run.device
+    n = torch.full((len(run.seeds),), m, dtype=torch.long, device=dev)  # steps done per sample
+    while bool((n < run.n_steps).any()):
+        rows = (n < run.n_steps).nonzero().squeeze(1)
+        g = (run.n_steps - n[rows]).clamp(max=gamma)
         dtok, q = _draft(run, draft, rows, n[rows], g)
-        # one target forward: row (k, j), j = 0..g[k], knows the steps < n + j of sample rows[k] (drafts included)
-        rk = torch.repeat_interleave(torch.arange(len(rows), device=run.device), g + 1)
-        rj = torch.cat([torch.arange(int(x) + 1, device=run.device) for x in g])
+        # one target call: entry (k, j), j = 0..g[k], knows the steps < n + j of sample rows[k] (drafts
+        # included); queries: step n + j of every entry with j < g[k], and j = g[k] (the bonus) if it exists
+        rk = torch.repeat_interleave(torch.arange(len(rows), device=dev), g + 1)
+        rj = torch.cat([torch.arange(int(x) + 1, device=dev) for x in g])
         tr = rows[rk]
-        z, zu = run.conditions(target, tr, dtok[rk], run.rank[tr] < (n[tr] + rj).unsqueeze(1))
-        first = torch.cumsum(g + 1, 0) - (g + 1)  # the row of (k, 0)
-        sel = torch.cat([first[k] + torch.arange(int(g[k]), device=run.device) for k in range(len(rows))])
-        p = run.sample(target, z[sel], None if zu is None else zu[sel], tr[sel], n[tr[sel]] + rj[sel])
-        bonus, i0 = [], 0
+        ctx = run.prepare(target, tr, dtok[rk], run.rank[tr] < (n[tr] + rj).unsqueeze(1))
+        sel = ((rj < g[rk]) | (n[tr] + rj < run.n_steps)).nonzero().squeeze(1)
+        p = run.sample(target, ctx, sel, tr[sel], n[tr[sel]] + rj[sel])
+        qi = torch.full((len(rk),), -1, dtype=torch.long, device=dev)
+        qi[sel] = torch.arange(len(sel), device=dev)  # entry -> its query's place in p (in steps)
+        first = torch.cumsum(g + 1, 0) - (g + 1)  # the entry of (k, 0)
         for k, b in enumerate(rows.tolist()):
-            gk = int(g[k])
-            v = run.verify(b, mode, _rows(p, slice(i0, i0 + gk)), _rows(q, (k, slice(0, gk))), max_rounds)
-            i0 += gk
-            acc = v.accepted.tolist()
-            take = acc.index(False) + 1 if False in acc else gk  # the accepted drafts, then the resample
-            pos = run.order[b, int(n[b]):int(n[b]) + take]
-            run.tokens[b, pos] = v.tokens[:take].to(device=run.device, dtype=run.dtype)
+            gk, i0 = int(g[k]), int(qi[first[k]]) * u
+            v = run.verify(b, mode, _rows(p, slice(i0, i0 + gk * u)), _rows(q, (k, slice(0, gk * u))), max_rounds)
+            acc = v.accepted.view(gk, u).all(1).tolist()
+            take = acc.index(False) + 1 if False in acc else gk  # the accepted steps, then the one with a resample
+            nb = int(n[b])
+            pos = run.pos[b, nb:nb + take].reshape(-1)
+            run.tokens[b, pos] = v.tokens[:take * u].to(device=dev, dtype=run.dtype)
             run.known[b, pos] = True
-            _count(run.counters[b], v, take, gk)
+            _count(run.counters[b], v, take * u, gk * u)
             n[b] += take
-            if all(acc) and int(n[b]) < run.L:
-                bonus.append((k, b))
-        if bonus:  # the target's own token after g accepted drafts: its condition is row (k, g[k])
-            sel = torch.tensor([int(first[k] + g[k]) for k, _ in bonus], device=run.device)
-            bs = torch.tensor([b for _, b in bonus], device=run.device)
-            h = run.sample(target, z[sel], None if zu is None else zu[sel], bs, n[bs])
-            pos = run.order[bs, n[bs]]
-            run.tokens[bs, pos], run.known[bs, pos] = h.x0, True
-            n[bs] += 1
+            if all(acc) and int(n[b]) < run.n_steps:  # the target's own step after gk accepted: entry (k, gk)
+                ib = int(qi[first[k] + gk]) * u
+                run.write(torch.tensor([b], device=dev), n[b:b + 1].clone(), p.x0[ib:ib + u])
+                n[b] += 1
