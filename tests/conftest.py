@@ -48,6 +48,7 @@ def _built_once(folder: str, build):
 llamagen_files = _built_once("llamagen", factories.write_llamagen_files)
 lumina_files = _built_once("lumina", factories.write_lumina_files)
 mar_files = _built_once("mar", factories.write_mar_files)
+xar_files = _built_once("xar", factories.write_xar_files)
 toy_continuous_assets = _built_once("continuous_assets", factories.build_tiny_toy_continuous)
 
 
@@ -62,6 +63,8 @@ def world_overrides(request):
             return [f"target={name}", *factories.lumina_overrides(request.getfixturevalue("lumina_files"))]
         if name in ("mar_h", "mar_l"):
             return [f"target={name}", *factories.mar_overrides(request.getfixturevalue("mar_files"))]
+        if name in ("xar_h", "xar_l"):
+            return [f"target={name}", *factories.xar_overrides(request.getfixturevalue("xar_files"))]
         if name == "toy_continuous":
             return [f"target={name}", *factories.toy_continuous_overrides(request.getfixturevalue("toy_continuous_assets"))]
         return [f"target={name}"]

@@ -319,9 +319,17 @@ TINY_MAR = dict(seq_len=16, token_dim=4, encoder_dim=16, encoder_depth=1, encode
 TINY_VAE = dict(embed_dim=4, z_channels=4, ch=32, ch_mult=[1, 2], num_res_blocks=1, resolution=8, attn_resolutions=[4])
 
 
+def write_tiny_vae(path: Path) -> Path:
+    """A random KL-16-layout VAE of ``TINY_VAE`` as MAR's ``kl16.ckpt`` ({"model": state dict})."""
+    from coolsd.models.kl16_vae import KLVAE, KLVAEConfig
+
+    vae = KLVAE(KLVAEConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in TINY_VAE.items()}))
+    torch.save({"model": vae.state_dict()}, path)
+    return path
+
+
 def write_mar_files(d: Path) -> dict:
     """Target and draft ``checkpoint-last.pth`` (model + model_ema + argparse args) and kl16.ckpt."""
-    from coolsd.models.kl16_vae import KLVAE, KLVAEConfig
     from coolsd.models.mar import MAR, MARConfig
 
     torch.manual_seed(0)
@@ -331,9 +339,7 @@ def write_mar_files(d: Path) -> dict:
         paths[name] = d / f"{name}.pth"
         torch.save({"model": m.state_dict(), "model_ema": m.state_dict(), "epoch": 1,
                     "args": argparse.Namespace(model="tiny")}, paths[name])
-    vae = KLVAE(KLVAEConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in TINY_VAE.items()}))
-    paths["vae"] = d / "kl16.ckpt"
-    torch.save({"model": vae.state_dict()}, paths["vae"])
+    paths["vae"] = write_tiny_vae(d / "kl16.ckpt")
     return paths
 
 
@@ -391,6 +397,27 @@ def tiny_xar(seed: int = 0, dtype=torch.float64, std: float = 0.15, **geometry):
     from coolsd.models.xar import XAR, XARConfig
 
     return randomised(XAR(XARConfig(**{**TINY_XAR, **geometry})).to(dtype).eval(), seed=seed, std=std)
+
+
+def write_xar_files(d: Path) -> dict:
+    """Target and draft xAR files in the released layout (flat state dicts with upstream's buffers) and
+    kl16.ckpt, for ``target=xar_h`` on a 4x4 grid of 2x2 cells."""
+    from coolsd.models.xar import upstream_state_dict
+
+    paths = {}
+    for seed, name in ((0, "target"), (1, "draft")):
+        paths[name] = d / f"{name}.pth"
+        torch.save(upstream_state_dict(tiny_xar(seed, dtype=torch.float32)), paths[name])
+    paths["vae"] = write_tiny_vae(d / "kl16.ckpt")
+    return paths
+
+
+def xar_overrides(files: dict) -> list[str]:
+    arch = _braced(TINY_XAR)
+    return ["dataset=imagenet", "target.device=cpu", f"target.arch={arch}", f"draft.arch={arch}",
+            f"+target.vae={_braced(TINY_VAE)}", "target.flow.num_steps=3", "target.flow.unit=2",
+            f"target.files.checkpoint={files['target']}", f"target.files.vae={files['vae']}",
+            f"draft.files.checkpoint={files['draft']}"]
 
 
 # ------------------------------------------------------------------------------ toy continuous weights

@@ -11,6 +11,7 @@ from typing import Any, NamedTuple, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from coolsd.models.kl16_vae import KLVAEConfig, load_kl16
 from coolsd.prompts.coco import SOURCE
 from coolsd.util.fingerprint import fingerprint
 from coolsd.util.loading import MissingInputFile
@@ -111,3 +112,29 @@ def require_inputs(who: str, missing: list[str]) -> None:
 def require_files(target: str, missing: list[str]) -> None:
     """``require_inputs`` for target ``target`` (the job's check: ``missing_files`` of its world)."""
     require_inputs(f"target {target!r}", missing)
+
+
+def architecture(arch, where: str, presets: dict, config_cls):
+    """A released architecture by name (a key of ``presets``), or a mapping of ``config_cls`` fields
+    (own variants, tests); a wrong name or field is one error naming ``where`` and what is valid."""
+    arch = OmegaConf.to_object(arch) if OmegaConf.is_config(arch) else arch
+    what = config_cls.__name__
+    if isinstance(arch, str):
+        if arch not in presets:
+            raise ValueError(f"{where}={arch!r} is not a released architecture; valid: {', '.join(presets)}, or a "
+                             f"mapping of {what} fields")
+        return presets[arch]
+    fields = dict(arch)
+    unknown = sorted(set(fields) - set(config_cls.__dataclass_fields__))
+    if unknown:
+        raise ValueError(f"{where} has unknown {what} field(s) {unknown}; valid: {sorted(config_cls.__dataclass_fields__)}")
+    return config_cls(**fields)
+
+
+def load_kl16_vae(t, device):
+    """The KL-16 VAE of target config ``t`` (``t.files.vae``): ``t.vae`` null is the released
+    architecture, a mapping of ``KLVAEConfig`` fields otherwise (tests: tiny)."""
+    vae_cfg = t.get("vae")
+    fields = {k: tuple(v) if isinstance(v, (list, tuple)) or OmegaConf.is_list(v) else v
+              for k, v in (vae_cfg or {}).items()}
+    return load_kl16(t.files.vae, KLVAEConfig(**fields) if vae_cfg else KLVAEConfig(), device=device)

@@ -10,29 +10,14 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
 import torch
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING
 
 from coolsd.engine.continuous.generate import HeadConfig
-from coolsd.models.kl16_vae import KL16_SOURCE, KLVAEConfig, decode_tokens, load_kl16
+from coolsd.models.kl16_vae import KL16_SOURCE, decode_tokens
 from coolsd.models.mar import MAR_CONFIGS, MAR_SOURCE, MARConfig, load_mar
 from coolsd.worlds.base import ContinuousWorld, draft_kind
-from coolsd.worlds.files import DTYPES, config_need, file_identity, run_missing_inputs
+from coolsd.worlds.files import DTYPES, architecture, config_need, file_identity, load_kl16_vae, run_missing_inputs
 from coolsd.worlds.schema import HeadSchema, TargetSchema
-
-
-def _arch(arch, where: str) -> MARConfig:
-    """A released architecture by name, or a mapping of ``MARConfig`` fields (own variants)."""
-    arch = OmegaConf.to_object(arch) if OmegaConf.is_config(arch) else arch
-    if isinstance(arch, str):
-        if arch not in MAR_CONFIGS:
-            raise ValueError(f"{where}={arch!r} is not a MAR architecture; valid: {', '.join(MAR_CONFIGS)}, or a mapping "
-                             f"of MARConfig fields")
-        return MAR_CONFIGS[arch]
-    fields = dict(arch)
-    unknown = sorted(set(fields) - set(MARConfig.__dataclass_fields__))
-    if unknown:
-        raise ValueError(f"{where} has unknown MARConfig field(s) {unknown}; valid: {sorted(MARConfig.__dataclass_fields__)}")
-    return MARConfig(**fields)
 
 
 @dataclass
@@ -60,21 +45,18 @@ class MARWorld(ContinuousWorld):
     def load(cls, cfg) -> "MARWorld":
         t, d = cfg.target, cfg.get("draft")
         head = HeadConfig(**t.head)
-        target_arch = _arch(t.arch, "target.arch")
+        target_arch = architecture(t.arch, "target.arch", MAR_CONFIGS, MARConfig)
         kind = draft_kind(cfg, None, ("mar", "self"), t.name,
                           "a MAR checkpoint (draft=mar_b or draft=mar_large) or itself (draft=self)")
         draft_arch = None
         if kind == "mar":
-            draft_arch = _arch(d.arch, "draft.arch")
+            draft_arch = architecture(d.arch, "draft.arch", MAR_CONFIGS, MARConfig)
             if (draft_arch.seq_len, draft_arch.token_dim) != (target_arch.seq_len, target_arch.token_dim):
                 raise ValueError("draft and target must share the token grid and dim (the same VAE)")
         device, dtype = t.get("device", "cuda"), DTYPES[t.get("dtype", "float32")]
         target = load_mar(t.files.checkpoint, target_arch, dtype=dtype, device=device)
         draft = target if draft_arch is None else load_mar(d.files.checkpoint, draft_arch, dtype=dtype, device=device)
-        vae_cfg = t.get("vae")  # null = the KL-16 VAE; a mapping of KLVAEConfig fields otherwise (tests: tiny)
-        vae = load_kl16(t.files.vae, KLVAEConfig(**{k: tuple(v) if isinstance(v, (list, tuple)) or OmegaConf.is_list(v)
-                                                    else v for k, v in vae_cfg.items()}) if vae_cfg else KLVAEConfig(),
-                        device=device)
+        vae = load_kl16_vae(t, device)
         files = {"checkpoint": file_identity(t.files.checkpoint), "vae": file_identity(t.files.vae),
                  **({"draft": file_identity(d.files.checkpoint)} if draft_arch is not None else {})}
         return cls(t.name, target, draft, head, vae, target_arch.side, files)

@@ -31,6 +31,8 @@ RUNS = {
     "mar_h": (["method=cspd", "method.gamma=4"], 3),
     "mar_l": (["method=cspd", "method.gamma=4", "method.mode=exact", "method.verify=prefix"], 3),
     "tabular": (["method=coolsd", "target.n_samples=500"], 3),
+    "xar_h": (["method=cspd", "method.gamma=2", "method.mode=exact", "method.verify=prefix"], 3),
+    "xar_l": (["method=cspd", "method.gamma=3"], 3),
 }
 TIMING = ("latency_s", "signal_s", "decode_s", "hardware", "batch_size", "draft_forwards")  # draft_forwards: per batch
 # summary fields measured in seconds (they differ between any two runs)
@@ -121,13 +123,14 @@ def test_world_contract(name, compose, world_overrides, tmp_path):
         assert merged.get(key) == s_one.get(key), key
 
 
-@pytest.mark.parametrize("name", ["llamagen_xl", "llamagen_xl_512", "lumina_mgpt", "mar_h", "mar_l", "toy"])
+@pytest.mark.parametrize("name", ["llamagen_xl", "llamagen_xl_512", "lumina_mgpt", "mar_h", "mar_l", "toy", "xar_h",
+                                  "xar_l"])
 def test_missing_files_are_listed_before_any_work(name, compose, world_overrides, tmp_path, monkeypatch):
     """Every file of the target (and of its drafter where it has one) not set or not there: one
     error naming each, before anything loads or any folder is made."""
     for var in ("LLAMAGEN_GPT", "LLAMAGEN_GPT_512", "LLAMAGEN_VQ", "FLAN_T5_XL", "LLAMAGEN_DRAFTER",
                 "LLAMAGEN_DRAFTER_512", "LUMINA_MGPT", "CHAMELEON_VQGAN", "CHAMELEON_TEXT_TOKENIZER", "MAR_H",
-                "MAR_L", "MAR_B", "MAR_VAE"):
+                "MAR_L", "MAR_B", "MAR_VAE", "XAR_H", "XAR_L", "XAR_B"):
         monkeypatch.delenv(var, raising=False)
     cfg = compose(f"target={name}", *RUNS[name][0], f"+out_dir={tmp_path / 'out'}")
     files = list(cfg.target.get("files") or {})

@@ -1,4 +1,4 @@
-"""Continuous speculative decoding (CSpD; docs/methods.md#5-continuous-speculative-decoding, continuous_sd.md 2) for diffusion-head
+"""Continuous speculative decoding (CSpD; docs/methods.md#5-continuous-speculative-decoding, continuous_sd.md 2) for diffusion-head and flow
 targets, and the continuous family's method object: its settings, its baseline and the call of
 its loop (``coolsd.engine.continuous.generate``)."""
 from __future__ import annotations
@@ -62,7 +62,7 @@ class ContinuousMethod:
 # parallel verification keeps every token, with no rollback
 @register_method("cspd", families=("continuous",), lossless=lambda p: p["mode"] == "exact" and p["verify"] == "prefix",
                  params={
-    "gamma": Param(8, int, low=1, doc="drafted tokens a round"),
+    "gamma": Param(8, int, low=1, doc="drafted steps a round (a step: one token, or a flow model's unit)"),
     "mode": Param("paper", str, choices=MODES, doc="paper: the paper's rule; exact: the exact-prefix rule"),
     "verify": Param("parallel", str, choices=VERIFY),
     "prefill": Param(0.05, float, low=0, high=1, doc="the fraction of tokens the target makes first"),
@@ -71,5 +71,5 @@ class ContinuousMethod:
     "inner_temperature": Param(1.0, float, low=0, low_open=True),
 })
 def cspd(ctx, gamma, mode, verify, prefill, max_rounds, final_std, inner_temperature):
-    """Continuous speculative decoding: a draft diffusion-head model's tokens verified by the target's."""
+    """Continuous speculative decoding: a draft diffusion-head or flow model's tokens verified by the target's."""
     return ContinuousMethod("cspd", gamma, mode, verify, prefill, max_rounds, final_std, inner_temperature)
