@@ -539,3 +539,35 @@ class MomentFeatures:
             x = np.asarray(img, np.float64).reshape(-1, 3) / 255
             out.append(np.concatenate([x.mean(0), x.std(0), *np.quantile(x, [0.25, 0.75], axis=0)]))
         return np.asarray(out).reshape(len(out), 12)
+
+
+# ------------------------------------------------------------------------------ in-memory Harmon (test_harmon)
+TINY_HARMON_LLM = {"hidden_size": 32, "intermediate_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
+                   "vocab_size": 64, "max_position_embeddings": 256}
+TINY_HARMON_MAR = {"seq_len": 16, "token_dim": 4, "encoder_dim": 24, "encoder_depth": 1, "encoder_heads": 2,
+                   "decoder_dim": 24, "decoder_depth": 1, "decoder_heads": 2, "buffer_size": 2, "n_classes": 10,
+                   "head_width": 16, "head_depth": 1}
+TINY_HARMON_NULL = [5, 9, 2]  # the null prompt's ids in the tiny vocabulary
+
+
+def tiny_harmon_cfg(grid: int = 4):
+    """The HarmonConfig of ``tiny_harmon``: Qwen2 width 32 (2 layers, 4 heads, 2 KV heads, vocab 64), MAR on
+    a 4x4 BASE grid (width 24 != 32: proj_in / proj_out change width), run at ``grid`` x ``grid``."""
+    from coolsd.models.harmon import HarmonConfig, QwenConfig
+    from coolsd.models.mar import MARConfig
+
+    return HarmonConfig(QwenConfig(**TINY_HARMON_LLM), MARConfig(**TINY_HARMON_MAR), grid=grid)
+
+
+def tiny_harmon(seed: int = 0, dtype=torch.float64, grid: int = 4, std: float = 0.15):
+    """A Harmon of ``tiny_harmon_cfg(grid)`` in ``dtype``, eval mode, every parameter random (``randomised``;
+    RMS / layer norm weights 1 + that noise, so that no norm is near zero), ``null_prompt`` TINY_HARMON_NULL."""
+    from coolsd.models.harmon import Harmon
+
+    m = randomised(Harmon(tiny_harmon_cfg(grid)), seed=seed, std=std)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if ("norm" in name or "_ln" in name) and name.endswith("weight"):
+                p.add_(1.0)
+    m.set_null_prompt(TINY_HARMON_NULL)
+    return m.to(dtype).eval()

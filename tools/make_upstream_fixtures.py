@@ -54,7 +54,7 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO_ROOT / "tests" / "fixtures" / "upstream"
 UPSTREAM_REPOS = {"llamagen": "FoundationVision/LlamaGen", "lantern": "jadohu/LANTERN", "lumina": "Alpha-VLLM/Lumina-mGPT",
-                  "mar": "LTH14/mar", "xar": "OliverRensu/xAR"}
+                  "mar": "LTH14/mar", "xar": "OliverRensu/xAR", "harmon": "wusize/Harmon"}
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -975,6 +975,260 @@ def make_xar(root: Path, out_dir: Path, manifest: dict) -> None:
                   f"are fp16 values; RoPE buffers stored once (config shared_buffers); run with {versions}")
 
 
+# ------------------------------------------------------------------------------------ Harmon
+HARMON_INSTRUCTION = "<|im_start|>user\n{input}<|im_end|>\n<|im_start|>assistant\n"  # configs/models/*.py:14
+
+
+@contextlib.contextmanager
+def _harmon_environment():
+    """What wusize/Harmon's ``src/models/harmon.py`` and ``src/models/mar/*`` need beyond transformers
+    4.45, timm and einops, for their import and run only: ``src.builder`` (an mmengine ``Registry``,
+    src/builder.py) as a module whose ``BUILDER.build(x)`` returns x, so that prebuilt modules are passed
+    in; torchvision for timm (``_TorchvisionStub``; mar.py:12 uses ``timm...Block`` only); and
+    ``torch.Tensor.cuda`` as the identity (``.cuda()`` is hard-coded at diffloss.py:38, 43 and
+    gaussian_diffusion.py:494, 504; this run is on the CPU). Enter it inside ``upstream_path``
+    (which purges ``src.*``). Everything is restored afterwards."""
+    builder = types.ModuleType("src.builder")
+    builder.BUILDER = types.SimpleNamespace(build=lambda x: x)
+    sys.modules["src.builder"] = builder
+    cuda = torch.Tensor.cuda
+    torch.Tensor.cuda = lambda self, *a, **k: self
+    try:
+        yield
+    finally:
+        torch.Tensor.cuda = cuda
+        sys.modules.pop("src.builder", None)
+
+
+def make_harmon(root: Path, out_dir: Path, manifest: dict) -> None:
+    """wusize/Harmon ``src/models/harmon.py`` (``Harmon.forward_mae_encoder``, ``sample``) with its MAR
+    (``src/models/mar/mar.py``, ``diffloss.py``, ``diffusion/``) on a tiny random Harmon: a
+    transformers 4.45.2 ``Qwen2ForCausalLM`` (hidden 64, 2 layers, 4 heads, 2 KV heads, vocab 128,
+    rope_theta 1e6, tied embeddings, eager attention), a MAR on a 4x4 BASE grid (encoder = decoder width
+    48 != the LLM's 64, 2 + 2 blocks of 4 heads, buffer 4, 10 classes, DiffLoss 2 x 64, 10 respaced
+    steps), ``proj_in`` / ``proj_out``; the VAE is a stub (``embed_dim`` 16; ``Harmon.decode`` returns the
+    tokens: KL-16's decode has its own fixture, kl16_vae). Recipe: docs/design/harmon_upstream.md 4.2.
+
+    Prompts: input ids given directly (no tokenizer): two conditional prompts of 7 and 3 valid ids and
+    a "null prompt" of 5 ids, right-padded to 7 with id 127 (an "eos") under a boolean mask, as
+    ``prepare_text_conditions`` builds them (harmon.py:171-185). Rows: [p7, p3, null, null].
+    (a) / (b) / (c) conditions, as ``Harmon.sample`` computes them (harmon.py:219-240): prefill of the
+        prompts into a ``DynamicCache``, ``forward_mae_encoder`` with the cache and the prompt mask,
+        ``curtail_cache``, ``mar.forward_mae_decoder``: (a) 4x4 with 5 of 16 tokens known per row,
+        (b) 6x6 (bilinear position embeddings) with 13 of 36 known, (c) 4x4 with nothing known.
+    (d) the DiffLoss network ``mar.diffloss.net(x, t, c)`` on 8 random rows.
+    (e) ``Harmon.sample`` with ``mar.sample_orders`` returning saved orders and ``torch.randn`` /
+        ``torch.randn_like`` drawing from a seeded generator, every draw recorded:
+        e1: cfg 3.0 (constant), 4x4, num_iter 16 (one token per iteration: the continuous loop's
+        protocol), temperature 0.9, prompts [p7, p3 | null, null]; e2: cfg 1.0, 6x6, num_iter 4 (several
+        tokens per iteration), temperature 0.9, prompts [p7, p3]. Per iteration: the known mask before
+        it, the mask of the tokens it predicts (upstream's ``mask_to_pred``, cond half), the initial
+        noise (one ``randn``; its rows follow the row-major ``nonzero`` order of ``mask_to_pred``) and
+        the K = 10 ``randn_like`` draws of the chain in call order (timestep K-1 first), of which only
+        the conditional rows are stored (the unconditional half's noise moves rows that
+        ``forward_with_cfg`` discards, diffloss.py:241-249), and the tokens after it.
+    The head's v output is kept inside [-1, 1] (its v rows of ``final_layer.linear`` scaled by 0.2
+    before the fp16 rounding; asserted for every call) because coolsd clamps v where upstream does not.
+    A random head's epsilon is not the noise it sees, and the first respaced step (t = 999,
+    alpha_bar ~ 2e-9) amplifies that error by 1 / sqrt(alpha_bar) ~ 2e4: the sampled tokens reach ~1e5,
+    so the sample tolerance (config "sample_rel_tolerance") is relative to the largest upstream token."""
+    commit = checkout_commit(root)
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers.cache_utils import DynamicCache
+
+    with _TorchvisionStub(), upstream_path(root, ("src",)), _harmon_environment():
+        hm = importlib.import_module("src.models.harmon")
+        mm = importlib.import_module("src.models.mar.mar")
+        import transformers
+        versions = ", ".join(f"{n} {importlib.import_module(n).__version__}"
+                             for n in ("transformers", "timm", "einops"))
+        assert transformers.__version__ == "4.45.2", versions
+        llm_cfg = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                   "num_key_value_heads": 2, "vocab_size": 128, "rope_theta": 1e6, "rms_norm_eps": 1e-6,
+                   "max_position_embeddings": 512}
+        mar_cfg = {"seq_len": 16, "token_dim": 16, "encoder_dim": 48, "encoder_depth": 2, "encoder_heads": 4,
+                   "decoder_dim": 48, "decoder_depth": 2, "decoder_heads": 4, "mlp_ratio": 4.0, "buffer_size": 4,
+                   "n_classes": 10, "head_width": 64, "head_depth": 2}
+        torch.manual_seed(0)
+        llm = Qwen2ForCausalLM._from_config(Qwen2Config(tie_word_embeddings=True, **llm_cfg),
+                                            attn_implementation="eager")
+        mar = mm.MAR(img_size=64, vae_stride=16, patch_size=1, encoder_embed_dim=48, encoder_depth=2,
+                     encoder_num_heads=4, decoder_embed_dim=48, decoder_depth=2, decoder_num_heads=4, mlp_ratio=4.0,
+                     vae_embed_dim=16, buffer_size=4, class_num=10, diffloss_d=2, diffloss_w=64,
+                     num_sampling_steps="10", norm_layer=functools.partial(torch.nn.LayerNorm, eps=1e-6))
+
+        class VAEStub(torch.nn.Module):
+            embed_dim = 16  # read by Harmon.token_embed_dim (harmon.py:72-73)
+
+        model = hm.Harmon(vae=VAEStub(), vae_scale=0.2325, llm=llm, mar=mar, tokenizer=None,
+                          prompt_template={"INSTRUCTION": HARMON_INSTRUCTION}).eval()
+        assert model.llm.lm_head.weight is model.llm.model.embed_tokens.weight  # tied
+        randomize(model, seed=31, std=0.1, norm_keys=("norm", "_ln"))
+        with torch.no_grad():
+            out_layer = model.mar.diffloss.net.final_layer.linear
+            out_layer.weight[16:] *= 0.2  # the v half of the output (diffloss.py:245)
+            out_layer.bias[16:] *= 0.2
+        round_fp16(model)
+        model.decode = lambda z: z.clone()  # the VAE stub: sample() returns the tokens (B, m, n, 16)
+
+        g = torch.Generator().manual_seed(32)
+        T, pad = 7, 127
+        p7, p3, null = (torch.randint(0, 120, (n,), generator=g) for n in (7, 3, 5))
+
+        def padded(rows):
+            ids = torch.full((len(rows), T), pad, dtype=torch.long)
+            am = torch.zeros(len(rows), T, dtype=torch.bool)
+            for b, r in enumerate(rows):
+                ids[b, :len(r)], am[b, :len(r)] = r, True
+            return ids, am
+
+        ids4, am4 = padded([p7, p3, null, null])
+
+        def conditions(tokens, mask, m, n):  # Harmon.sample's per-iteration computation (harmon.py:219-240)
+            emb = model.llm.get_input_embeddings()(ids4)
+            cache = model.llm_model(inputs_embeds=emb, attention_mask=None, position_ids=None,
+                                    past_key_values=DynamicCache.from_legacy_cache(), return_dict=True,
+                                    use_cache=True).past_key_values
+            x_enc = model.forward_mae_encoder(tokens.view(len(tokens), m, n, -1), mask, past_key_values=cache,
+                                              attention_mask=am4)
+            model.curtail_cache(cache, T)
+            assert cache.get_seq_length() == T
+            return model.mar.forward_mae_decoder(x_enc, mask, image_shape=(m, n))
+
+        def random_mask(B, L, n_known):  # 1 = unknown; equal counts per row (upstream's reshape)
+            mask = torch.ones(B, L)
+            for b in range(B):
+                mask[b, torch.randperm(L, generator=g)[:n_known]] = 0
+            return mask
+
+        inputs = {"ids": ids4, "prompt_mask": am4, "p7": p7, "p3": p3, "null_prompt": null}
+        outputs = {}
+        with torch.no_grad():
+            for name, side, n_known in (("a", 4, 5), ("b", 6, 13), ("c", 4, 0)):
+                L = side * side
+                tokens = torch.randn(4, L, 16, generator=g)
+                mask = random_mask(4, L, n_known)
+                inputs.update({f"{name}_tokens": tokens, f"{name}_mask": mask})
+                outputs[f"{name}_z"] = conditions(tokens, mask, side, side)
+            N = 8
+            hx, ht, hc = torch.randn(N, 16, generator=g), torch.randint(0, 1000, (N,), generator=g), \
+                torch.randn(N, 48, generator=g)
+            inputs.update({"head_x": hx, "head_t": ht, "head_z": hc})
+            outputs["head_out"] = model.mar.diffloss.net(hx, ht, hc)
+
+        # (e) end-to-end samples with injected orders and recorded draws
+        net = model.mar.diffloss.net
+        forward = net.forward
+        v_max = [0.0]
+
+        def net_forward(x, t, c):
+            out = forward(x, t, c)
+            half = len(x) // 2 if len(x) > 1 and cfg_now[0] != 1.0 else len(x)
+            v_max[0] = max(v_max[0], out[:half, 16:].abs().max().item())
+            return out
+
+        net.forward = net_forward
+        cfg_now = [1.0]
+        samples = {}
+        torch_randn = torch.randn  # the originals, for the patched draws below
+        for name, cfg, side, num_iter, prompt_rows in (("e1", 3.0, 4, 16, [p7, p3, null, null]),
+                                                        ("e2", 1.0, 6, 4, [p7, p3])):
+            L, bsz = side * side, len(prompt_rows)
+            half = bsz // 2 if cfg != 1.0 else bsz
+            ids, am = padded(prompt_rows)
+            orders = torch.stack([torch.randperm(L, generator=g) for _ in range(half)])
+            orders_all = torch.cat([orders, orders]) if cfg != 1.0 else orders
+            draw_gen = torch.Generator().manual_seed(33 if name == "e1" else 34)
+            draws, masks = [], []
+
+            # the patched functions below run inside this iteration only: default arguments bind its state
+            def randn(*size, draw_gen=draw_gen, draws=draws, **kw):
+                shape = size[0] if len(size) == 1 and isinstance(size[0], (list, tuple, torch.Size)) else size
+                x = torch_randn(*shape, generator=draw_gen)
+                draws.append(("randn", x))
+                return x.clone()
+
+            def randn_like(x, draw_gen=draw_gen, draws=draws, **kw):
+                e = torch_randn(x.shape, generator=draw_gen, dtype=x.dtype)
+                draws.append(("randn_like", e))
+                return e.clone()
+
+            def by_order(mask_len, order, bsz_, seq_len, masks=masks, mask_by_order=hm.mask_by_order):
+                out = mask_by_order(mask_len, order, bsz_, seq_len)
+                masks.append(out.clone())
+                return out
+
+            tokens_after = []
+
+            def diff_sample(z, temperature=1.0, cfg=1.0, sample_fn=model.mar.diffloss.sample,
+                            tokens_after=tokens_after):
+                out = sample_fn(z, temperature, cfg)
+                tokens_after.append(out.clone())
+                return out
+
+            cfg_now[0] = cfg
+            with _patched(model.mar, "sample_orders", lambda bsz_, seq_len=None, o=orders_all: o.clone()), \
+                    _patched(hm, "mask_by_order", by_order), _patched(model.mar.diffloss, "sample", diff_sample), \
+                    _patched(torch, "randn", randn), _patched(torch, "randn_like", randn_like), torch.no_grad():
+                final = model.sample(input_ids=ids, attention_mask=am, num_iter=num_iter, cfg=cfg,
+                                     cfg_schedule="constant", temperature=0.9, image_shape=(side, side))
+            del model.mar.sample_orders, model.mar.diffloss.sample  # the instance patches (_patched restores
+            # by setattr; the class attributes are the originals)
+            assert len(masks) == num_iter and len(tokens_after) == num_iter
+            K = 10
+            assert len(draws) == num_iter * (K + 1)
+            known = torch.zeros(half, L, dtype=torch.bool)  # before each iteration
+            known_steps, pred_steps, init, eps = [], [], [], []
+            for s in range(num_iter):
+                kind, x0 = draws[s * (K + 1)]
+                assert kind == "randn"
+                chain = draws[s * (K + 1) + 1:(s + 1) * (K + 1)]
+                assert all(k == "randn_like" for k, _ in chain)
+                # mask_to_pred (harmon.py:254-257): unknown now and not masked next (mask_next is a subset of
+                # the mask, both prefixes of the order); every unknown token at the last iteration
+                pred = ~known & ~masks[s][:half] if s < num_iter - 1 else ~known
+                n_pred = int(pred.sum())
+                assert x0.shape == (n_pred, 16), (x0.shape, n_pred)
+                assert all(e.shape == (n_pred * (bsz // half), 16) for _, e in chain)
+                known_steps.append(known.clone())
+                pred_steps.append(pred.clone())
+                init.append(x0)
+                eps.append(torch.stack([e[:n_pred] for _, e in chain]))  # (K, n_pred, 16), draw order
+                known = known | pred
+            assert bool(known.all())
+            # tokens after each iteration: rebuild from the diffusion outputs (cond rows, nonzero order)
+            tok = torch.zeros(half, L, 16)
+            per_step = []
+            for s in range(num_iter):
+                tok[pred_steps[s]] = tokens_after[s][:int(pred_steps[s].sum())]
+                per_step.append(tok.clone())
+            final = final[:half].reshape(half, L, 16) if cfg != 1.0 else final.reshape(half, L, 16)
+            assert torch.equal(per_step[-1], final)
+            inputs.update({f"{name}_ids": ids, f"{name}_prompt_mask": am, f"{name}_orders": orders,
+                           f"{name}_known": torch.stack(known_steps), f"{name}_pred": torch.stack(pred_steps),
+                           f"{name}_init": torch.cat(init), f"{name}_eps": torch.cat(eps, 1)})
+            outputs.update({f"{name}_tokens": final, f"{name}_steps": torch.stack(per_step)})
+            samples[name] = {"cfg": cfg, "grid": side, "num_iter": num_iter, "temperature": 0.9, "rows": bsz}
+        del net.forward
+        assert v_max[0] < 1.0, v_max  # coolsd's step_gaussian clamps v to [-1, 1] (upstream does not)
+
+        config = {"llm": llm_cfg, "mar": mar_cfg, "base_grid": 4, "diffusion_steps": 10, "samples": samples,
+                  "sample_rel_tolerance": 1e-5, "pad_id": pad, "max_abs_v": round(v_max[0], 4)}
+        weights = dict(model.state_dict())
+        assert not any(k.startswith("vae.") for k in weights)
+        save(out_dir, "harmon", "harmon", weights, inputs, outputs, config, manifest, "wusize/Harmon", commit,
+             "src/models/harmon.py (prepare_forward_input, extract_visual_feature, forward_mae_encoder, curtail_cache, "
+             "sample), src/models/mar/mar.py (forward_mae_encoder / decoder, get_*_pos_embed), "
+             "src/models/mar/diffloss.py, src/models/mar/diffusion/", tolerance=2e-5,
+             note="rows [p7, p3, null, null] right-padded to 7 with id 127; (a) 4x4 5 known, (b) 6x6 13 known "
+                  "(bilinear pos embeds), (c) 4x4 none known: out.<x>_z; (d) head on 8 (x, t, z); (e) Harmon.sample "
+                  "e1 (cfg 3, 4x4, num_iter 16) and e2 (cfg 1, 6x6, num_iter 4), temperature 0.9, injected orders, "
+                  "recorded draws: in.<e>_known / _pred (iteration, B, L), _init (sum n_pred, 16) and _eps "
+                  "(K, sum n_pred, 16) in draw order (timestep K-1 first), cond rows in row-major nonzero order; "
+                  "out.<e>_steps tokens after each iteration (scale ~1e5: random head); sample tolerance 1e-5 "
+                  f"relative to the largest token; run with {versions}")
+
+
 # ------------------------------------------------------------------------------------ main
 FAMILIES = {
     "llamagen": [make_llamagen_gpt, make_llamagen_vq],
@@ -982,6 +1236,7 @@ FAMILIES = {
     "lumina": [make_lumina_chameleon, make_vqgan],
     "mar": [make_mar, make_kl16],
     "xar": [make_xar],
+    "harmon": [make_harmon],
 }
 EXTRA = {"llamagen": [make_t5]}  # run after every family (make_t5 reads LANTERN's prompt files when given)
 
@@ -993,6 +1248,7 @@ def main(argv=None) -> int:
     ap.add_argument("--lumina", type=Path, help="checkout of Alpha-VLLM/Lumina-mGPT")
     ap.add_argument("--mar", type=Path, help="checkout of LTH14/mar")
     ap.add_argument("--xar", type=Path, help="checkout of OliverRensu/xAR")
+    ap.add_argument("--harmon", type=Path, help="checkout of wusize/Harmon (git archive; UPSTREAM_COMMIT)")
     ap.add_argument("--hf-chameleon", action="store_true",
                     help="also make the transformers ChameleonForConditionalGeneration fixture (installed package)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -1013,7 +1269,8 @@ def main(argv=None) -> int:
         pass
     given = {name: getattr(args, name) for name in FAMILIES if getattr(args, name) is not None}
     if not given and not args.hf_chameleon:
-        ap.error("give at least one upstream checkout (--llamagen, --lantern, --lumina, --mar, --xar) or --hf-chameleon")
+        ap.error("give at least one upstream checkout (--llamagen, --lantern, --lumina, --mar, --xar, --harmon) "
+                 "or --hf-chameleon")
     for name, root in given.items():
         if not root.is_dir():
             raise SystemExit(f"--{name} {root}: not a directory (a checkout of {UPSTREAM_REPOS[name]})")
