@@ -7,7 +7,7 @@ VPY     := $(VENV)/bin/python
 TORCH   ?= torch==2.13.0
 STAMP   := $(VENV)/.installed
 
-.PHONY: install run test theory toy-assets toy-continuous-assets demo continuous-bench speed claims paper-table2 sota-table clean
+.PHONY: install run test theory toy-assets toy-continuous-assets demo continuous-bench paper-table1 speed claims paper-table2 sota-table clean
 
 $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -38,6 +38,16 @@ toy-continuous-assets: $(STAMP)
 # CSpD on the toy continuous world: gamma x batch x mode, speed-up and toy_fid in results/toy_continuous/
 continuous-bench: $(STAMP)
 	$(VPY) benchmarks/continuous_sweep.py
+
+# The continuous-SD paper's Table 1 grid (gamma 4..32 x batch 1..256, the paper's rule) on TARGET
+# (default the toy continuous world, CPU: results/paper_table1/); on a GPU e.g.
+# make paper-table1 TARGET=xar_h OVERRIDES="dataset=imagenet target.flow.unit=1 target.device=cuda"
+TARGET ?= toy_continuous
+OVERRIDES ?=
+paper-table1: $(STAMP)
+	$(VPY) benchmarks/continuous_sweep.py --target $(TARGET) $(foreach o,$(OVERRIDES),--override $(o)) \
+		--gammas 4,8,16,32 --batches 1,16,64,256 --prompts 16,64,256,256 --modes paper \
+		--out results/paper_table1/$(TARGET)
 
 # The toy sweep: every method on the same prompts; table + Pareto plot in results/toy/
 demo: $(STAMP)

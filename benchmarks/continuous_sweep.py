@@ -1,4 +1,6 @@
-"""CSpD on the toy continuous world (`make continuous-bench`): acceptance rate, target
+"""CSpD on a continuous target, by default the toy continuous world (`make continuous-bench`;
+`make paper-table1`: the continuous-SD paper's Table 1 grid, gamma 4 / 8 / 16 / 32 x batch 1 / 16 / 64 /
+256, in its layout; `--target xar_h --override dataset=imagenet ...` on a GPU): acceptance rate, target
 forwards saved and wall-clock speed-up for gamma in {4, 8, 16} at batch 1 and 16, for the
 paper-faithful mode (parallel verification, the Sigma term, MAR's noiseless final step), the
 official code's variant of it (inner temperature 42, continuous_sd.md 2.7 b) and the exact mode
@@ -36,11 +38,12 @@ MODES = {"paper": dict(mode="paper", verify="parallel"),
          "exact": dict(mode="exact", verify="prefix")}
 
 
-def run_point(world, batch: int, mode: str, settings: dict, gammas, n: int, records: Path, seed: int, threads: int):
+def run_point(world, batch: int, mode: str, settings: dict, gammas, n: int, records: Path, seed: int, threads: int,
+              overrides=("target=toy_continuous",)):
     """AR and every gamma of one mode in one run folder of the generation job (coolsd.job.generation)."""
     cspd = {f"cspd_g{g}": world.build_method("cspd", {"gamma": g, **settings}) for g in gammas}
     runs = {"ar": next(iter(cspd.values())).baseline(), **cspd}
-    cfg = compose("target=toy_continuous", f"dataset.n_prompts={n}")
+    cfg = compose(*overrides, f"dataset.n_prompts={n}")
     identity = run_identity(world, runs, seed=seed, dataset=world.dataset(cfg), threads=threads, batch_size=batch)
     prompts = world.prompts(cfg)
     outputs, prompts, failures = run_shard(world, runs, prompts, records / f"b{batch}_{mode}", identity, seed=seed,
@@ -116,6 +119,9 @@ def main(argv=None):
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "toy_continuous")
     ap.add_argument("--records", type=Path, default=None)
     ap.add_argument("--assets", default=None, help="toy continuous weights folder (default: the shipped ones)")
+    ap.add_argument("--target", default="toy_continuous", help="a continuous target (toy_continuous, mar_h, xar_h, ...)")
+    ap.add_argument("--override", action="append", default=[],
+                    help="a run.py override for the target (repeatable), e.g. dataset=imagenet target.flow.unit=1")
     ap.add_argument("--no-warmup", dest="warmup", action="store_false",
                     help="no untimed warm-up batch per run folder (smoke runs: the first timed batch of each "
                          "method then carries its first-call costs; never for committed numbers)")
@@ -127,7 +133,8 @@ def main(argv=None):
         raise SystemExit("--prompts needs one count per batch size")
     records = a.records or ROOT / "outputs" / "continuous_sweep" / time.strftime("%Y-%m-%d_%H-%M-%S")
     torch.set_num_threads(a.threads)
-    cfg = compose("target=toy_continuous", "method=cspd", *([f"target.assets={a.assets}"] if a.assets else []))
+    overrides = (f"target={a.target}", *([f"target.assets={a.assets}"] if a.assets else []), *a.override)
+    cfg = compose(*overrides, "method=cspd")
     world = load_world(cfg)
     if not a.warmup:
         world.warmup = False  # this world object only (coolsd.worlds.base: World.warmup, read by coolsd.job.generation.run_methods)
@@ -136,14 +143,15 @@ def main(argv=None):
     for batch, n in zip(batches, prompts):
         for mode in a.modes.split(","):
             settings = {**MODES[mode], **({"final_std": a.exact_std} if mode == "exact" else {})}
-            table, outputs, failures = run_point(world, batch, mode, settings, gammas, n, records, a.seed, a.threads)
+            table, outputs, failures = run_point(world, batch, mode, settings, gammas, n, records, a.seed, a.threads,
+                                                   overrides)
             tables[f"b{batch}_{mode}"] = {"table": table, "failures": failures}
             rows += rows_of(table, batch, mode)
             if batch == batches[-1]:  # one AR row per distinct target-only sampling (exact: smoothed)
                 grids += [(f"{mode} {t}", outputs[t][1][:12]) for t in outputs if mode != "official" or t != "ar"]
     df = pd.DataFrame(rows)
     a.out.mkdir(parents=True, exist_ok=True)
-    env = {"target": "toy_continuous", "head": dataclasses.asdict(world.head), "gammas": gammas, "batches": batches,
+    env = {"target": a.target, "overrides": list(overrides), "head": dataclasses.asdict(world.head), "gammas": gammas, "batches": batches,
            "modes": {m: {**MODES[m], **({"final_std": a.exact_std} if m == "exact" else {})} for m in a.modes.split(",")},
            "prompts": dict(zip(map(str, batches), prompts)), "threads": a.threads, "cpu": cpu_name(),
            "cores": os.cpu_count(), "torch": torch.__version__, "seed": a.seed, "warmup": a.warmup, "records": str(records),
@@ -156,7 +164,7 @@ def main(argv=None):
     (a.out / "speedup_table.md").write_text(speedup_layout(df))
     plot = sweep_frame({f"{k} {t}": {**e, "params": {"method": k}} for k, v in tables.items() for t, e in v["table"].items()})
     if "toy_fid" in plot and plot["toy_fid"].notna().any():
-        pareto_plot(plot, a.out / "pareto.png", ["toy_fid"], "CSpD on the toy continuous world (families: batch_mode)",
+        pareto_plot(plot, a.out / "pareto.png", ["toy_fid"], f"CSpD on {a.target} (families: batch_mode)",
                     xs=("acceptance_rate", "speedup"))
     else:  # coolsd.metrics.fid.fid_sample_size_reason
         print("pareto.png not drawn: toy_fid is null at these prompt counts (too few for the feature covariance)")

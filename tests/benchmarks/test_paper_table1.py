@@ -1,0 +1,26 @@
+"""benchmarks/continuous_sweep.py (``make paper-table1``) on a real continuous target's classes: xAR on
+tiny random files (``--target xar_h --override ...``), the paper's rule at two batch sizes, its
+tables from the runs."""
+import importlib.util
+import json
+from pathlib import Path
+
+import factories
+
+
+def test_paper_table1_grid_runs_on_xar(xar_files, tmp_path):
+    spec = importlib.util.spec_from_file_location("continuous_sweep",
+                                                  Path(__file__).resolve().parents[2] / "benchmarks" / "continuous_sweep.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    overrides = [x for o in factories.xar_overrides(xar_files) for x in ("--override", o)]
+    bench.main(["--target", "xar_h", *overrides, "--prompts", "2,2", "--batches", "1,2", "--gammas", "2,4",
+                "--modes", "paper", "--no-warmup", "--out", str(tmp_path / "out"), "--records", str(tmp_path / "rec")])
+    out = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert out["env"]["target"] == "xar_h" and out["env"]["head"]["unit"] == 2
+    rows = out["rows"]
+    assert {(r["batch"], r["config"]) for r in rows} == {(b, c) for b in (1, 2) for c in ("ar", "cspd_g2", "cspd_g4")}
+    for r in rows:  # 8 steps of 2 tokens: 1 pre-filled (ceil(0.05 * 8)), then ceil(7 / gamma) target calls
+        want = {"ar": 8, "cspd_g2": 1 + 4, "cspd_g4": 1 + 2}[r["config"]]
+        assert r["target_forwards"] == want, r
+    assert "| gamma | acceptance | bs=1 | bs=2 |" in (tmp_path / "out" / "speedup_table.md").read_text()
