@@ -13,9 +13,11 @@ sample as it would be computed alone:
 * cached attention (``coolsd.models.kv_cache.KVCache.attend``) runs per sample over that
   sample's own span of keys (in a batch the span is the longest sample's, and a softmax or a
   weighted sum over more keys rounds differently even where the extra weights are 0);
-* masked attention over keys of arbitrary positions (xAR's speculation, ``coolsd.models.xar.attention_per_query``)
-  runs per query over its visible keys, and an elementwise GELU whose rows are no multiple of the CPU's
-  vector length pads its rows (``row_aligned_gelu``: vector body and scalar tail round differently);
+* ``torch.nn.functional.gelu`` pads every row to a multiple of the CPU's vector length (a kernel's
+  vector body and scalar tail approximate erf with different rounding, so with a width such as
+  xAR's int(8 D / 3) an element's result depends on its row's place in the batch);
+* masked attention over keys at arbitrary positions (``masked_attention``, xAR's speculation) runs
+  per query over its visible keys;
 * a prefill of prompts of different lengths (Lumina-mGPT) runs each prompt alone;
 * encoding the prompts and decoding tokens to pixels run prompt by prompt (``per_sample``:
   encoders batch their matrix products, convolutions choose their algorithm by batch size), and
@@ -52,6 +54,38 @@ def _rowwise_linear(x, weight, bias=None):
     return out.reshape(*shape[:-1], weight.shape[0])
 
 
+_ORIGINAL_GELU = F.gelu
+GELU_ALIGN = 64  # elements: a multiple of every CPU vector length in fp32 / fp64
+
+
+def _row_aligned_gelu(input, approximate: str = "none"):
+    """GELU with every row padded to a multiple of ``GELU_ALIGN`` elements, so every row starts on a
+    vector boundary and rounds alike wherever it sits in the batch (module docstring)."""
+    w = input.shape[-1]
+    pad = -w % GELU_ALIGN
+    if not pad:
+        return _ORIGINAL_GELU(input, approximate=approximate)
+    return _ORIGINAL_GELU(F.pad(input, (0, pad)), approximate=approximate)[..., :w]
+
+
+def masked_attention(q, k, v, visible):
+    """``scaled_dot_product_attention(q, k, v, attn_mask=visible)`` (q (E, h, T, d), k / v (E, h, S, d),
+    visible (E, 1 or h, T, S) bool); inside ``batch_invariant()`` computed for each (row, query) over
+    its visible keys only, in key order, so the result does not depend on how many masked keys, other
+    queries or other rows share the call (a softmax or a weighted sum over more keys rounds
+    differently even where the extra weights are 0), as ``coolsd.models.kv_cache.KVCache.attend``
+    does per sample."""
+    if not _ACTIVE[0] or visible is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
+    out = torch.empty_like(q)
+    for e in range(q.shape[0]):
+        for i in range(q.shape[2]):
+            keep = visible[e, 0, i].nonzero().squeeze(1)
+            out[e:e + 1, :, i:i + 1] = F.scaled_dot_product_attention(q[e:e + 1, :, i:i + 1], k[e:e + 1, :, keep],
+                                                                      v[e:e + 1, :, keep])
+    return out
+
+
 @contextmanager
 def batch_invariant(enabled: bool = True):
     """Compute every sample as it would be computed alone (see the module docstring);
@@ -60,13 +94,13 @@ def batch_invariant(enabled: bool = True):
         yield
         return
     original, fastpath = F.linear, torch.backends.mha.get_fastpath_enabled()
-    F.linear = _rowwise_linear
+    F.linear, F.gelu = _rowwise_linear, _row_aligned_gelu
     torch.backends.mha.set_fastpath_enabled(False)
     _ACTIVE[0] = True
     try:
         yield
     finally:
-        F.linear = original
+        F.linear, F.gelu = original, _ORIGINAL_GELU
         torch.backends.mha.set_fastpath_enabled(fastpath)
         _ACTIVE[0] = False
 

@@ -84,7 +84,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from coolsd.engine.batch_invariant import active as batch_invariant_active
+from coolsd.engine.batch_invariant import masked_attention
 from coolsd.engine.continuous.flow import T_LAST, cfg_schedule, guide, time_grid, transition  # noqa: F401
 from coolsd.models.blocks import compute_dtype
 from coolsd.models.mar import NULL_LABEL  # -1: the unconditional branch (coolsd.engine.model_protocol)
@@ -264,18 +264,7 @@ class SwiGLU(nn.Module):
         self.fc2 = nn.Linear(hidden, dim)
 
     def forward(self, x):
-        g = self.fc1_g(x)
-        return self.fc2((row_aligned_gelu(g) if batch_invariant_active() else F.gelu(g)) * self.fc1_x(x))
-
-
-def row_aligned_gelu(x: torch.Tensor, align: int = 64) -> torch.Tensor:
-    """GELU with every row padded to a multiple of ``align`` elements: a CPU kernel computes the
-    vector body and the scalar tail of a contiguous tensor with erf approximations that round
-    differently, so with a width that is no multiple of the vector length (xAR's hidden of
-    int(D * 8 / 3), e.g. 2730) an element's result depends on its row's place in the batch; padded
-    rows all start on a vector boundary (``batch_invariant()``)."""
-    w = x.shape[-1]
-    return F.gelu(F.pad(x, (0, -w % align)))[..., :w]
+        return self.fc2(F.gelu(self.fc1_g(x)) * self.fc1_x(x))
 
 
 class Attention(nn.Module):
@@ -294,26 +283,8 @@ class Attention(nn.Module):
         new = (k, v)
         if past is not None:
             k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
-        if visible is not None and batch_invariant_active():
-            out = attention_per_query(q, k, v, visible)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
+        out = masked_attention(q, k, v, visible)  # batch-invariant under batch_invariant()
         return self.proj(out.transpose(1, 2).reshape(B, T, D)), new
-
-
-def attention_per_query(q, k, v, visible):
-    """Masked attention computed for each (row, query) over its visible keys only, in key order:
-    q (E, h, T, d), k / v (E, h, S, d), visible (E, 1 or h, T, S) bool. The result does not depend on
-    how many masked keys, other queries or other rows share the call (a softmax or a weighted sum over
-    more keys rounds differently even where the extra weights are 0): ``batch_invariant()``'s rule
-    for attention, as ``coolsd.models.kv_cache.KVCache.attend`` does per sample."""
-    out = torch.empty_like(q)
-    for e in range(q.shape[0]):
-        for i in range(q.shape[2]):
-            keep = visible[e, 0, i].nonzero().squeeze(1)
-            out[e:e + 1, :, i:i + 1] = F.scaled_dot_product_attention(q[e:e + 1, :, i:i + 1], k[e:e + 1, :, keep],
-                                                                      v[e:e + 1, :, keep])
-    return out
 
 
 class Block(nn.Module):
@@ -415,21 +386,10 @@ class XAR(nn.Module):
             raise ValueError(f"xAR: cells {first_cell}..{first_cell + k - 1} after a cache of {n_past} cells "
                              f"(of {cfg.n_cells})")
         lo, hi = first_cell * cfg.cell_len, first_cell * cfg.cell_len + T
-        cos, sin, vis = self.tables(x.device)
-        cos, sin = cos[lo:hi], sin[lo:hi]
-        visible = None if k == 1 else vis[lo:hi, :hi]  # one cell: it sees every key (cache + itself)
-        past = (lambda i: (cache.keys[i], cache.values[i])) if n_past else (lambda i: None)
-        new = []
-        h = self.z_proj_ln(self.z_proj(x) + self.encoder_pos_embed_learned[:, lo:hi])
-        for i, blk in enumerate(self.encoder_blocks):
-            h, kv = blk(h, cond, cos, sin, past(i), visible)
-            new.append(kv)
-        h = self.decoder_embed(self.encoder_norm(h)) + self.decoder_pos_embed_learned[:, lo:hi]
-        n_enc = len(self.encoder_blocks)
-        for i, blk in enumerate(self.decoder_blocks):
-            h, kv = blk(h, cond, cos, sin, past(n_enc + i), visible)
-            new.append(kv)
-        return (self.pred(self.decoder_norm(h)) if head else None), new
+        B = x.shape[0]
+        visible = None if k == 1 else self.tables(x.device)[2][lo:hi, :hi].expand(B, -1, -1)  # one cell: every key
+        past = list(zip(cache.keys, cache.values)) if n_past else None
+        return self.attend(x, torch.arange(lo, hi, device=x.device).expand(B, -1), cond, past, visible, head)
 
     # ---------------------------------------------------------------- any positions, any mask (speculation)
     def cell_positions(self) -> torch.Tensor:
@@ -438,11 +398,11 @@ class XAR(nn.Module):
 
     def attend(self, x, pos, cond, past=None, visible=None, head: bool = True):
         """The network on tokens at arbitrary positions: x (E, T, C) at cell-order positions ``pos``
-        (E, T) long, ``cond`` (E, T, D) one adaLN vector per token, attending to ``past`` (per block
+        (E, T) long, ``cond`` (E, k, D) one adaLN vector per chunk of T / k tokens (``Block``), attending to ``past`` (per block
         (k, v), each (E, heads, P, head_dim); None: no cache) and to themselves, query i seeing key j
         iff ``visible[e, i, j]`` ((E, T, P + T) bool, keys = past then these tokens; None: every key).
-        Every per-position table is gathered at ``pos``, so on contiguous cells with the block-causal
-        mask this is ``_run`` (tests/models/test_xar.py). Returns (pred (E, T, C) or None, [(k, v)])."""
+        Every per-position table is gathered at ``pos``; ``_run`` (contiguous cells, block-causal) is this
+        call. Returns (pred (E, T, C) or None, [(k, v)])."""
         cos, sin, _ = self.tables(x.device)
         cos, sin = cos[pos][:, None], sin[pos][:, None]  # (E, 1, T, head_dim): broadcast over heads
         mask = None if visible is None else visible[:, None]
@@ -468,16 +428,14 @@ class XAR(nn.Module):
         idx = torch.arange(L, device=tokens.device)
         u_of = idx // unit
         visible = (u_of[None, :] <= u_of[:, None]).expand(E, L, L)
-        cond = self.condition(labels, 0.).expand(E, L, -1)
-        return self.attend(tokens, idx.expand(E, L), cond, None, visible, head=False)[1]
+        return self.attend(tokens, idx.expand(E, L), self.condition(labels, 0.), None, visible, head=False)[1]
 
     def velocity_at(self, past: list, x: torch.Tensor, pos: torch.Tensor, t, labels: torch.Tensor,
                     visible: torch.Tensor) -> torch.Tensor:
         """Raw velocity (E, T, C) of states x (E, T, C) at cell-order positions ``pos`` (E, T) and flow
         time t (float), for the rows' labels, given the keys ``past`` of ``context_all`` and the
         visibility ``visible`` (E, T, seq_len + T) (cache keys, then the queries themselves)."""
-        cond = self.condition(labels, t).expand(-1, x.shape[1], -1)
-        return self.attend(x, pos, cond, past, visible)[0]
+        return self.attend(x, pos, self.condition(labels, t), past, visible)[0]
 
     # ---------------------------------------------------------------- the three calls
     def forward(self, x: torch.Tensor, t: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

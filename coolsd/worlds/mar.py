@@ -6,6 +6,8 @@ prompts are class labels (``dataset=imagenet``).
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
@@ -29,39 +31,59 @@ class MARTargetSchema(TargetSchema):
     head: HeadSchema = field(default_factory=HeadSchema)
 
 
-class MARWorld(ContinuousWorld):
+class KL16ClassWorld(ContinuousWorld):
+    """A class-conditional ImageNet target with one checkpoint file per model (target, draft) and
+    MAR's KL-16 VAE (MAR, xAR): the file list, loading, labels and decoding; a subclass names its
+    model family (``draft_kind``, ``presets``, ``config_cls``, ``load_model``, the checkpoints'
+    ``source``), its sampling settings (``sampling``) and what draft and target must share
+    (``geometry``)."""
 
-    targets = ("mar_h", "mar_l")  # conf/target/<name>.yaml
-    schema = ("mar_schema", MARTargetSchema)  # its conf files name it first
+    draft_kind: str
+    draft_hint: str  # the valid drafts, for draft_kind's error
+    source: str  # where the checkpoints come from
+    presets: dict
+    config_cls: type
+
+    @classmethod
+    def sampling(cls, t):  # the shared sampling settings of target config t
+        raise NotImplementedError
+
+    @classmethod
+    def geometry(cls, arch) -> dict:  # what draft and target must share (the token grid, the VAE's dim)
+        raise NotImplementedError
+
+    @classmethod
+    def load_model(cls, path, arch, dtype, device):
+        raise NotImplementedError
+
     @classmethod
     def missing_files(cls, cfg) -> list[str]:
-        needs = [config_need(cfg, "target.files.checkpoint", "checkpoint", MAR_SOURCE, folder=False),
+        needs = [config_need(cfg, "target.files.checkpoint", "checkpoint", cls.source, folder=False),
                  config_need(cfg, "target.files.vae", "vae", KL16_SOURCE, folder=False)]
-        if (cfg.get("draft") or {}).get("kind") == "mar":
-            needs.append(config_need(cfg, "draft.files.checkpoint", "draft checkpoint", MAR_SOURCE, folder=False))
+        if (cfg.get("draft") or {}).get("kind") == cls.draft_kind:
+            needs.append(config_need(cfg, "draft.files.checkpoint", "draft checkpoint", cls.source, folder=False))
         return run_missing_inputs(cfg, needs)
 
     @classmethod
-    def load(cls, cfg) -> "MARWorld":
+    def load(cls, cfg) -> KL16ClassWorld:
         t, d = cfg.target, cfg.get("draft")
-        head = HeadConfig(**t.head)
-        target_arch = architecture(t.arch, "target.arch", MAR_CONFIGS, MARConfig)
-        kind = draft_kind(cfg, None, ("mar", "self"), t.name,
-                          "a MAR checkpoint (draft=mar_b or draft=mar_large) or itself (draft=self)")
+        target_arch = architecture(t.arch, "target.arch", cls.presets, cls.config_cls)
+        settings = cls.sampling(t, target_arch)  # refused here, before any file is read
+        kind = draft_kind(cfg, None, (cls.draft_kind, "self"), t.name, cls.draft_hint)
         draft_arch = None
-        if kind == "mar":
-            draft_arch = architecture(d.arch, "draft.arch", MAR_CONFIGS, MARConfig)
-            if (draft_arch.seq_len, draft_arch.token_dim) != (target_arch.seq_len, target_arch.token_dim):
-                raise ValueError("draft and target must share the token grid and dim (the same VAE)")
+        if kind == cls.draft_kind:
+            draft_arch = architecture(d.arch, "draft.arch", cls.presets, cls.config_cls)
+            if cls.geometry(draft_arch) != cls.geometry(target_arch):
+                raise ValueError(f"draft and target must share the token grid and dim (the same VAE): draft "
+                                 f"{cls.geometry(draft_arch)} vs target {cls.geometry(target_arch)}")
         device, dtype = t.get("device", "cuda"), DTYPES[t.get("dtype", "float32")]
-        target = load_mar(t.files.checkpoint, target_arch, dtype=dtype, device=device)
-        draft = target if draft_arch is None else load_mar(d.files.checkpoint, draft_arch, dtype=dtype, device=device)
-        vae = load_kl16_vae(t, device)
+        target = cls.load_model(t.files.checkpoint, target_arch, dtype, device)
+        draft = target if draft_arch is None else cls.load_model(d.files.checkpoint, draft_arch, dtype, device)
         files = {"checkpoint": file_identity(t.files.checkpoint), "vae": file_identity(t.files.vae),
                  **({"draft": file_identity(d.files.checkpoint)} if draft_arch is not None else {})}
-        return cls(t.name, target, draft, head, vae, target_arch.side, files)
+        return cls(t.name, target, draft, settings, load_kl16_vae(t, device), math.isqrt(target_arch.seq_len), files)
 
-    def __init__(self, name, target, draft, head: HeadConfig, vae, side: int, files: dict):
+    def __init__(self, name, target, draft, head, vae, side: int, files: dict):
         self.name, self.target, self.draft, self.head, self.vae, self.side = name, target, draft, head, vae, side
         self._files = files
         self.device = next(target.parameters()).device
@@ -74,3 +96,23 @@ class MARWorld(ContinuousWorld):
 
     def decode_uint8(self, tokens):
         return decode_tokens(self.vae, tokens, self.side, self.side)
+
+
+class MARWorld(KL16ClassWorld):
+
+    targets = ("mar_h", "mar_l")  # conf/target/<name>.yaml
+    schema = ("mar_schema", MARTargetSchema)  # its conf files name it first
+    draft_kind, source, presets, config_cls = "mar", MAR_SOURCE, MAR_CONFIGS, MARConfig
+    draft_hint = "a MAR checkpoint (draft=mar_b or draft=mar_large) or itself (draft=self)"
+
+    @classmethod
+    def sampling(cls, t, arch) -> HeadConfig:
+        return HeadConfig(**t.head)
+
+    @classmethod
+    def geometry(cls, arch) -> dict:
+        return {"seq_len": arch.seq_len, "token_dim": arch.token_dim}
+
+    @classmethod
+    def load_model(cls, path, arch, dtype, device):
+        return load_mar(path, arch, dtype=dtype, device=device)

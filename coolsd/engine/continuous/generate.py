@@ -177,7 +177,10 @@ class FlowFamily:
         self.unit = fc.unit_for(c.cell_len)
         self.n_steps, self.n_cells = self.L // self.unit, c.n_cells
         self.chain_steps, self.grid = fc.num_steps, time_grid(fc.num_steps)
-        self.order = model.cell_positions()  # (L,) raster index of cell-order position i
+        device = next(model.parameters()).device
+        self.order = model.cell_positions().to(device)  # (L,) raster index of cell-order position i
+        self.cell_weight = torch.tensor([cfg_schedule(fc.cfg, k, c.n_cells) for k in range(c.n_cells)],
+                                        dtype=torch.float64, device=device)  # CFG weight of each cell
         self.final_std = DEFAULT_FINAL_STD if final_std is None else float(final_std)
         self.S = schedule_log_var_sum(fc.num_steps, self.C)
         self.geometry = (c.seq_len, c.token_dim, c.grid, c.cell)
@@ -196,10 +199,9 @@ class FlowFamily:
         entries of one sample share its tokens on their known steps, which is all a unit-causal key
         depends on). With CFG the null-label half follows the labelled half."""
         uniq, inv = torch.unique(rows, return_inverse=True)
-        first = torch.zeros(len(uniq), dtype=torch.long, device=rows.device).scatter_(
-            0, inv.flip(0), torch.arange(len(rows), device=rows.device).flip(0))  # first entry of each sample
-        order = self.order.to(run.device)
-        cells = tokens[first][:, order]  # (U, L, C) cell order
+        first = torch.full((len(uniq),), len(rows), dtype=torch.long, device=rows.device).scatter_reduce(
+            0, inv, torch.arange(len(rows), device=rows.device), "amin")  # the first entry of each sample
+        cells = tokens[first][:, self.order]  # (U, L, C) cell order
         labels = run.labels[uniq]
         if self.fc.cfg > 1:
             cells, labels = torch.cat([cells, cells]), torch.cat([labels, torch.full_like(labels, NULL_LABEL)])
@@ -215,10 +217,9 @@ class FlowFamily:
         Q = len(entry)
         g = ctx["inv"][entry]  # context row of each query
         counts = torch.bincount(g, minlength=ctx["U"])
-        slot = torch.zeros(Q, dtype=torch.long, device=dev)  # the query's place among its context's queries
-        for r in range(ctx["U"]):
-            hit = (g == r).nonzero().squeeze(1)
-            slot[hit] = torch.arange(len(hit), device=dev)
+        by_row = torch.argsort(g, stable=True)  # the query's place among its context's queries, in query order
+        slot = torch.empty_like(g)
+        slot[by_row] = torch.arange(Q, device=dev) - (torch.cumsum(counts, 0) - counts)[g[by_row]]
         used = (counts > 0).nonzero().squeeze(1)
         R, M = len(used), int(counts.max())
         row_of = torch.full((ctx["U"],), -1, dtype=torch.long, device=dev)
@@ -240,8 +241,7 @@ class FlowFamily:
         self_vis = (blk[:, :, None] == blk[:, None, :]) & (blk[:, None, :] >= 0)
         self_vis |= torch.eye(T, dtype=torch.bool, device=dev)[None]  # padding sees itself (no empty row)
         visible = torch.cat([keys, self_vis], 2)
-        w = torch.tensor([cfg_schedule(self.fc.cfg, c, self.n_cells) for c in range(self.n_cells)],
-                         dtype=torch.float64, device=dev)[cell_pos // self.cell_len][..., None]  # (Q, u, 1)
+        w = self.cell_weight[cell_pos // self.cell_len][..., None]  # (Q, u, 1)
         halves = self.fc.cfg > 1
         ctx_rows = used if not halves else torch.cat([used, used + ctx["U"]])
         kv = [(k[ctx_rows], v[ctx_rows]) for k, v in ctx["kv"]]
