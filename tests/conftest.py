@@ -49,6 +49,7 @@ llamagen_files = _built_once("llamagen", factories.write_llamagen_files)
 lumina_files = _built_once("lumina", factories.write_lumina_files)
 mar_files = _built_once("mar", factories.write_mar_files)
 xar_files = _built_once("xar", factories.write_xar_files)
+harmon_files = _built_once("harmon", factories.write_harmon_files)
 toy_continuous_assets = _built_once("continuous_assets", factories.build_tiny_toy_continuous)
 
 
@@ -65,6 +66,8 @@ def world_overrides(request):
             return [f"target={name}", *factories.mar_overrides(request.getfixturevalue("mar_files"))]
         if name in ("xar_h", "xar_l"):
             return [f"target={name}", *factories.xar_overrides(request.getfixturevalue("xar_files"))]
+        if name == "harmon_1_5b":
+            return [f"target={name}", *factories.harmon_overrides(request.getfixturevalue("harmon_files"))]
         if name == "toy_continuous":
             return [f"target={name}", *factories.toy_continuous_overrides(request.getfixturevalue("toy_continuous_assets"))]
         return [f"target={name}"]

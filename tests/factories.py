@@ -571,3 +571,41 @@ def tiny_harmon(seed: int = 0, dtype=torch.float64, grid: int = 4, std: float = 
                 p.add_(1.0)
     m.set_null_prompt(TINY_HARMON_NULL)
     return m.to(dtype).eval()
+
+
+def write_harmon_tokenizer(path: Path) -> Path:
+    """A word-level ``tokenizer.json`` (the ``tokenizers`` library's format, as Qwen2.5's) of the toy captions'
+    words, the prompt template's words and Qwen's chat special tokens: at most TINY_HARMON_LLM's 64 ids."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+
+    from coolsd.toy.scenes import WORDS
+
+    words = ["<unk>", *[w for w in WORDS if w != "<unk>"], "user", "assistant", "Generate", "an", "image", ":", "."]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(dict.fromkeys(words))}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens([AddedToken("<|im_start|>", special=True), AddedToken("<|im_end|>", special=True)])
+    assert tok.get_vocab_size() <= TINY_HARMON_LLM["vocab_size"]
+    tok.save(str(path))
+    return path
+
+
+def write_harmon_files(d: Path) -> dict:
+    """Target and draft Harmon files in the released layout (flat state dicts, the tied lm_head included),
+    kl16.ckpt and a tiny tokenizer.json, for ``target=harmon_1_5b`` on a 4x4 grid."""
+    paths = {}
+    for seed, name in ((0, "target"), (1, "draft")):
+        sd = dict(tiny_harmon(seed, dtype=torch.float32).state_dict())
+        sd["llm.lm_head.weight"] = sd["llm.model.embed_tokens.weight"]
+        paths[name] = d / f"{name}.pth"
+        torch.save(sd, paths[name])
+    paths["vae"] = write_tiny_vae(d / "kl16.ckpt")
+    paths["tokenizer"] = write_harmon_tokenizer(d / "tokenizer.json")
+    return paths
+
+
+def harmon_overrides(files: dict) -> list[str]:
+    arch = "{llm:" + _braced(TINY_HARMON_LLM) + ",mar:" + _braced(TINY_HARMON_MAR) + ",grid:4}"
+    return ["target.device=cpu", f"target.arch={arch}", f"draft.arch={arch}", "target.grid=4",
+            f"+target.vae={_braced(TINY_VAE)}", "target.head.steps=3", f"target.files.checkpoint={files['target']}",
+            f"target.files.vae={files['vae']}", f"target.files.tokenizer={files['tokenizer']}",
+            f"draft.files.checkpoint={files['draft']}"]

@@ -50,6 +50,8 @@ Where ours differs from upstream, and why:
   forward over [prompt | image | buffers]) instead of upstream's prefill into a ``DynamicCache`` that
   is cropped back after each step (harmon.py:219-237): the same attention, simpler; a per-sample
   prompt KV cache is an optimisation for later;
+* inside ``batch_invariant()`` the LLM runs row by row, each row without the other prompts' pads
+  (``_llm``), so that a sample's numbers do not depend on its batch;
 * upstream runs in bf16 with flash attention; here any dtype with sdpa (tests: fp32 / fp64; Qwen's
   RMSNorm and RoPE compute in fp32 inside transformers);
 * the sampling loop (64 MaskGIT-cosine iterations, several tokens per iteration) is not here: the
@@ -65,6 +67,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from coolsd.engine import batch_invariant
 from coolsd.engine.model_protocol import NULL_LABEL
 from coolsd.models.mar import MAR, MAR_CONFIGS, MARConfig, SimpleMLPAdaLN
 from coolsd.util.loading import BadInputFile, check_state_dict, read_torch_checkpoint
@@ -242,13 +245,7 @@ class Harmon(nn.Module):
         h = self.proj_in(x_enc)
         embeds = torch.cat([self.qwen.embed_tokens(ids).to(h.dtype), h[:, nb:], h[:, :nb]], 1)
         ok = torch.cat([valid, known, known.new_ones(B, nb)], 1)  # (B, S): the keys upstream keeps
-        position_ids = (ok.long().cumsum(1) - 1).clamp(min=0)  # compacted RoPE positions
-        S = ok.shape[1]
-        ar = torch.arange(S, device=ok.device)
-        causal = ar[None, :] <= ar[:, None]  # (S, S): key <= query
-        mask = (ok[:, None, :] & causal) | (ar[None, :] == ar[:, None])  # + itself: every query sees something
-        out = self.qwen(inputs_embeds=embeds, attention_mask=mask[:, None], position_ids=position_ids,
-                        use_cache=False).last_hidden_state
+        out = self._llm(embeds, ok, T)
         z_llm = torch.cat([out[:, T + L:], out[:, T:T + L]], 1)  # buffers back to the front
         x_enc = x_enc + self.proj_out(z_llm)  # residual (harmon.py:159)
 
@@ -259,6 +256,32 @@ class Harmon(nn.Module):
         for blk in mar.decoder_blocks:
             x = blk(x)
         return mar.decoder_norm(x)[:, nb:] + grid_pos_embed(mar.diffusion_pos_embed_learned, 0, base, g)
+
+
+    def _llm(self, embeds: torch.Tensor, ok: torch.Tensor, T: int) -> torch.Tensor:
+        """Last hidden states (B, S, H) of the LLM over ``embeds`` (B, S, H) = [prompt (T) | image | buffers]
+        whose valid keys are ``ok`` (B, S). Inside ``batch_invariant()`` each row runs alone over its own
+        prompt ids and the image part, without the pads that the batch's longest prompt adds (a softmax
+        over more keys rounds differently even where the extra weights are 0): a row's numbers do not
+        depend on the other prompts of its batch. Outputs at dropped pads are 0 (never read)."""
+        if not batch_invariant.active():
+            return self._llm_pass(embeds, ok)
+        out = embeds.new_zeros(embeds.shape[:2] + (self.qwen.config.hidden_size,))
+        tail = torch.arange(T, embeds.shape[1], device=embeds.device)
+        for b in range(embeds.shape[0]):
+            keep = torch.cat([ok[b, :T].nonzero().squeeze(1), tail])
+            out[b, keep] = self._llm_pass(embeds[b:b + 1, keep], ok[b:b + 1, keep])[0]
+        return out
+
+    def _llm_pass(self, embeds: torch.Tensor, ok: torch.Tensor) -> torch.Tensor:
+        """One LLM forward: compacted RoPE positions and the causal mask over the valid keys (module docstring)."""
+        position_ids = (ok.long().cumsum(1) - 1).clamp(min=0)  # compacted RoPE positions
+        S = ok.shape[1]
+        ar = torch.arange(S, device=ok.device)
+        causal = ar[None, :] <= ar[:, None]  # (S, S): key <= query
+        mask = (ok[:, None, :] & causal) | (ar[None, :] == ar[:, None])  # + itself: every query sees something
+        return self.qwen(inputs_embeds=embeds, attention_mask=mask[:, None], position_ids=position_ids,
+                         use_cache=False).last_hidden_state
 
 
 # ---------------------------------------------------------------------------------- prompts

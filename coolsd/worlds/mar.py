@@ -31,12 +31,13 @@ class MARTargetSchema(TargetSchema):
     head: HeadSchema = field(default_factory=HeadSchema)
 
 
-class KL16ClassWorld(ContinuousWorld):
-    """A class-conditional ImageNet target with one checkpoint file per model (target, draft) and
-    MAR's KL-16 VAE (MAR, xAR): the file list, loading, labels and decoding; a subclass names its
-    model family (``draft_kind``, ``presets``, ``config_cls``, ``load_model``, the checkpoints'
-    ``source``), its sampling settings (``sampling``) and what draft and target must share
-    (``geometry``)."""
+class KL16World(ContinuousWorld):
+    """A target that generates MAR's KL-16 latents, with one checkpoint file per model (target, draft)
+    and the KL-16 VAE (MAR, xAR, Harmon): the file list, loading, labels and decoding; a subclass names
+    its model family (``draft_kind``, ``presets``, ``config_cls``, ``load_model``, the checkpoints'
+    ``source``), its sampling settings (``sampling``), what draft and target must share
+    (``geometry``) and, for text prompts, its extra files (``extra_needs``) and conditioning
+    (``attach``, ``labels``). Class-conditional by default: prompts are ImageNet class labels."""
 
     draft_kind: str
     draft_hint: str  # the valid drafts, for draft_kind's error
@@ -45,8 +46,9 @@ class KL16ClassWorld(ContinuousWorld):
     config_cls: type
 
     @classmethod
-    def sampling(cls, t):  # the shared sampling settings of target config t
-        raise NotImplementedError
+    def sampling(cls, t, arch):
+        """The sampling settings draft and target share (``t``: the target config): the diffusion head's by default."""
+        return HeadConfig(**t.head)
 
     @classmethod
     def geometry(cls, arch) -> dict:  # what draft and target must share (the token grid, the VAE's dim)
@@ -57,22 +59,31 @@ class KL16ClassWorld(ContinuousWorld):
         raise NotImplementedError
 
     @classmethod
+    def parse_arch(cls, arch, where: str, t):
+        """The model config of ``arch`` (``target.arch`` / ``draft.arch``; ``t``: the target config)."""
+        return architecture(arch, where, cls.presets, cls.config_cls)
+
+    @classmethod
+    def extra_needs(cls, cfg) -> list:  # files beyond the checkpoints and the VAE (a tokenizer)
+        return []
+
+    @classmethod
     def missing_files(cls, cfg) -> list[str]:
         needs = [config_need(cfg, "target.files.checkpoint", "checkpoint", cls.source, folder=False),
-                 config_need(cfg, "target.files.vae", "vae", KL16_SOURCE, folder=False)]
+                 config_need(cfg, "target.files.vae", "vae", KL16_SOURCE, folder=False), *cls.extra_needs(cfg)]
         if (cfg.get("draft") or {}).get("kind") == cls.draft_kind:
             needs.append(config_need(cfg, "draft.files.checkpoint", "draft checkpoint", cls.source, folder=False))
         return run_missing_inputs(cfg, needs)
 
     @classmethod
-    def load(cls, cfg) -> KL16ClassWorld:
+    def load(cls, cfg) -> KL16World:
         t, d = cfg.target, cfg.get("draft")
-        target_arch = architecture(t.arch, "target.arch", cls.presets, cls.config_cls)
+        target_arch = cls.parse_arch(t.arch, "target.arch", t)
         settings = cls.sampling(t, target_arch)  # refused here, before any file is read
         kind = draft_kind(cfg, None, (cls.draft_kind, "self"), t.name, cls.draft_hint)
         draft_arch = None
         if kind == cls.draft_kind:
-            draft_arch = architecture(d.arch, "draft.arch", cls.presets, cls.config_cls)
+            draft_arch = cls.parse_arch(d.arch, "draft.arch", t)
             if cls.geometry(draft_arch) != cls.geometry(target_arch):
                 raise ValueError(f"draft and target must share the token grid and dim (the same VAE): draft "
                                  f"{cls.geometry(draft_arch)} vs target {cls.geometry(target_arch)}")
@@ -81,12 +92,17 @@ class KL16ClassWorld(ContinuousWorld):
         draft = target if draft_arch is None else cls.load_model(d.files.checkpoint, draft_arch, dtype, device)
         files = {"checkpoint": file_identity(t.files.checkpoint), "vae": file_identity(t.files.vae),
                  **({"draft": file_identity(d.files.checkpoint)} if draft_arch is not None else {})}
-        return cls(t.name, target, draft, settings, load_kl16_vae(t, device), math.isqrt(target_arch.seq_len), files)
+        world = cls(t.name, target, draft, settings, load_kl16_vae(t, device), math.isqrt(target_arch.seq_len), files)
+        world.attach(t)
+        return world
 
     def __init__(self, name, target, draft, head, vae, side: int, files: dict):
         self.name, self.target, self.draft, self.head, self.vae, self.side = name, target, draft, head, vae, side
         self._files = files
         self.device = next(target.parameters()).device
+
+    def attach(self, t) -> None:
+        """After loading: what conditioning needs beyond the models (``t``: the target config)."""
 
     def files(self) -> dict:
         return self._files
@@ -98,16 +114,12 @@ class KL16ClassWorld(ContinuousWorld):
         return decode_tokens(self.vae, tokens, self.side, self.side)
 
 
-class MARWorld(KL16ClassWorld):
+class MARWorld(KL16World):
 
     targets = ("mar_h", "mar_l")  # conf/target/<name>.yaml
     schema = ("mar_schema", MARTargetSchema)  # its conf files name it first
     draft_kind, source, presets, config_cls = "mar", MAR_SOURCE, MAR_CONFIGS, MARConfig
     draft_hint = "a MAR checkpoint (draft=mar_b or draft=mar_large) or itself (draft=self)"
-
-    @classmethod
-    def sampling(cls, t, arch) -> HeadConfig:
-        return HeadConfig(**t.head)
 
     @classmethod
     def geometry(cls, arch) -> dict:

@@ -15,7 +15,7 @@ from omegaconf import MISSING
 
 from coolsd.engine.continuous.flow import FlowConfig
 from coolsd.models.xar import XAR_CONFIGS, XAR_SOURCE, XARConfig, load_xar
-from coolsd.worlds.mar import KL16ClassWorld
+from coolsd.worlds.mar import KL16World
 from coolsd.worlds.schema import TargetSchema
 
 
@@ -37,7 +37,7 @@ class XARTargetSchema(TargetSchema):
     flow: FlowSchema = field(default_factory=FlowSchema)
 
 
-class XARWorld(KL16ClassWorld):
+class XARWorld(KL16World):
 
     targets = ("xar_h", "xar_l")  # conf/target/<name>.yaml
     schema = ("xar_schema", XARTargetSchema)  # its conf files name it first

@@ -1,0 +1,56 @@
+"""``target=harmon_1_5b`` on tiny files (the world contract itself is tests/worlds/test_worlds.py): text
+prompts through the tokenizer file with upstream's template, the tokenizer's null prompt on both models,
+the run's grid on draft and target, and one-line refusals of a bad tokenizer file or architecture."""
+import pytest
+import torch
+
+from coolsd.models.harmon import encode_prompts, null_prompt_ids
+from coolsd.prompts import load_prompts
+from coolsd.util.loading import BadInputFile
+from coolsd.worlds import load_world
+
+
+@pytest.fixture
+def harmon_cfg(compose, world_overrides):
+    def make(*extra):
+        return compose(*world_overrides("harmon_1_5b"), "method=cspd", "dataset.n_prompts=3", *extra)
+
+    return make
+
+
+def test_text_prompts_and_the_null_prompt_come_from_the_tokenizer_file(harmon_cfg):
+    cfg = harmon_cfg()
+    world = load_world(cfg)
+    prompts = load_prompts(cfg.dataset)
+    ids = world.labels(prompts)
+    assert torch.equal(ids, encode_prompts(world.tokenizer, [p.caption for p in prompts]))
+    lengths = (ids >= 0).sum(1)
+    assert len(set(lengths.tolist())) > 1  # ragged prompts: the batch-invariance rule of the LLM is exercised
+    unk = world.tokenizer.token_to_id("<unk>")
+    assert not (ids == unk).any()  # every caption word is in the tiny vocabulary (so ids carry the captions)
+    want_null = null_prompt_ids(world.tokenizer)
+    assert world.draft is not world.target
+    for m in (world.target, world.draft):
+        assert torch.equal(m.null_prompt, want_null)
+    assert set(world.files()) == {"checkpoint", "vae", "draft", "tokenizer"}
+
+
+def test_the_run_grid_is_the_drafts_too(harmon_cfg):
+    world = load_world(harmon_cfg("target.grid=2"))
+    assert world.target.config.grid == world.draft.config.grid == 2 and world.side == 2
+
+
+def test_a_bad_tokenizer_file_is_one_line_naming_it(harmon_cfg, tmp_path):
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text("{not json")
+    with pytest.raises(BadInputFile) as e:
+        load_world(harmon_cfg(f"target.files.tokenizer={bad}"))
+    assert str(bad) in str(e.value) and "\n" not in str(e.value) and "tokenizer.json" in str(e.value)
+
+
+@pytest.mark.parametrize("arch, match", [("harmon_7b", "not a released architecture"),
+                                         ("{llm:{hidden_size:32},mar:{seq_len:16},extra:1}", "keys llm, mar"),
+                                         ("{llm:{hidden:32},mar:{seq_len:16}}", "target.arch")])
+def test_bad_architectures_are_refused_before_loading(harmon_cfg, arch, match):
+    with pytest.raises(ValueError, match=match):
+        load_world(harmon_cfg(f"target.arch={arch}"))
