@@ -44,3 +44,4 @@ class HeadSchema:
     temperature: float = MISSING
     order: str = MISSING
     clip_x0: Optional[float] = None
+    num_iter: Optional[int] = None  # AR steps: null = one token a step; n = upstream's MaskGIT-cosine n steps

@@ -2,8 +2,9 @@
 decoding, batched, in autoregressive STEPS of ``unit`` tokens along a per-sample order. A model
 family (``DiffusionFamily``, ``FlowFamily``) says how a step's tokens are sampled; the loop, the
 rounds, the verification and the counters are shared:
-* diffusion-head models (MAR-style ``conditions`` + ``head``, e.g. ``coolsd.models.mar.MAR``), one
-  token per step along MAR's random order or raster (``HeadConfig``);
+* diffusion-head models (MAR-style ``conditions`` + ``head``, e.g. ``coolsd.models.mar.MAR``,
+  ``coolsd.models.harmon.Harmon``) along MAR's random order or raster (``HeadConfig``): one token per
+  step, or upstream's MaskGIT-cosine steps of several tokens (``HeadConfig.num_iter``, ``maskgit_steps``);
 * flow models (xAR-style ``context_all`` + ``velocity_at``, ``coolsd.models.xar.XAR``), ``unit``
   tokens per step along the cell order, each step one Euler-Maruyama chain (``FlowConfig``,
   ``coolsd.engine.continuous.flow``).
@@ -22,6 +23,8 @@ and the schedule ``verify``:
   accepted drafts and resamples are kept, later drafts dropped), the target's bonus step when all
   are accepted (computed in the same target call). Within a step, tokens are independent given the
   shared noise (each is N(mu_p, s^2) given it), so the per-token coupling is exact for the step.
+Steps may hold different numbers of tokens (``bounds``, the same for every sample): gamma counts steps,
+the counters count tokens.
 
 Alignment (2.3): the initial noise and every chain step's noise of position j come from a generator
 seeded by (sample seed, j), shared by draft, target and target-only sampling and independent of
@@ -70,6 +73,7 @@ class HeadConfig:
     temperature: float = 1.0
     order: str = "random"
     clip_x0: float | None = None  # clamp x0_hat to [-c, c] (None: MAR's unclipped chain)
+    num_iter: int | None = None  # AR steps: None = one token a step; n = MaskGIT-cosine steps (``maskgit_steps``)
 
     def __post_init__(self):
         for name, value, valid in (("order", self.order, ORDERS), ("cfg_schedule", self.cfg_schedule, CFG_SCHEDULES)):
@@ -79,11 +83,33 @@ class HeadConfig:
             raise ValueError(f"steps (diffusion steps of the head) must be >= 2, got {self.steps}")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.num_iter is not None and (isinstance(self.num_iter, bool) or int(self.num_iter) != self.num_iter
+                                          or self.num_iter < 1):
+            raise ValueError(f"num_iter (AR steps) must be an integer >= 1 or null (one token a step), got {self.num_iter!r}")
 
-    def scale(self, step: torch.Tensor, L: int) -> torch.Tensor:
-        """(n, 1) guidance scale of each row's generation step."""
-        s = step.to(torch.float64).unsqueeze(1)
-        return 1 + (self.cfg - 1) * (s + 1) / L if self.cfg_schedule == "linear" else torch.full_like(s, self.cfg)
+
+
+def maskgit_steps(L: int, num_iter: int | None) -> tuple[list[int], list[int]]:
+    """(bounds, known): step s generates the tokens bounds[s] .. bounds[s + 1] - 1 of the order, and its
+    ``linear`` CFG scale is 1 + (w - 1) known[s] / L. ``num_iter`` None: one token a step, known[s] = s + 1
+    (MAR's ``num_iter = L`` as this loop has always run it). Otherwise upstream's MaskGIT cosine schedule
+    (MAR ``sample_tokens``, Harmon ``Harmon.sample``, harmon_upstream.md 2.1): after step s,
+    mask_len = max(1, min(masked - 1, floor(L cos(pi/2 (s + 1) / num_iter)))) tokens stay masked, the
+    last step takes all that remain, and known[s] = L - mask_len (the clamped value, before the last
+    step's override, as upstream). Steps that would reveal no token are dropped (no work, no draw)."""
+    if num_iter is None:
+        return list(range(L + 1)), list(range(1, L + 1))
+    bounds, known, masked = [0], [], L
+    for step in range(num_iter):
+        mask_len = max(1, min(masked - 1, math.floor(L * np.cos(math.pi / 2.0 * (step + 1) / num_iter))))
+        nxt = 0 if step >= num_iter - 1 else mask_len
+        if nxt < masked:
+            bounds.append(L - nxt)
+            known.append(L - mask_len)
+        masked = nxt if nxt < masked else masked
+        if masked == 0:
+            break
+    return bounds, known
 
 
 def _seed(*key) -> int:
@@ -123,17 +149,24 @@ def _f64(h: HeadSample) -> HeadSample:
 class DiffusionFamily:
     """MAR-style models: ``model.conditions(tokens, known, labels)`` gives one condition per position
     (both CFG branches in one batch), ``model.head`` runs the aligned DDPM chain of each token
-    (``coolsd.engine.continuous.diffusion``); one token per step."""
-
-    unit = 1
+    (``coolsd.engine.continuous.diffusion``); the steps of ``maskgit_steps``."""
 
     def __init__(self, model, hc: HeadConfig):
         self.hc, self.L, self.C = hc, model.config.seq_len, model.config.token_dim
-        self.n_steps, self.sched = self.L, Schedule.respaced(hc.steps)
+        self.sched = Schedule.respaced(hc.steps)
         self.chain_steps = self.sched.K
+        self.bounds, known = maskgit_steps(self.L, hc.num_iter)
+        self.n_steps = len(self.bounds) - 1
+        self.known_after = torch.tensor(known, dtype=torch.float64, device=next(model.parameters()).device)
 
     def positions(self, seed: int) -> torch.Tensor:
-        return generation_order(seed, self.L, self.hc.order).view(self.L, 1)
+        return generation_order(seed, self.L, self.hc.order)
+
+    def scale(self, step: torch.Tensor) -> torch.Tensor:
+        """(n, 1) guidance scale of each row's generation step (``maskgit_steps``)."""
+        if self.hc.cfg_schedule != "linear":
+            return torch.full((len(step), 1), self.hc.cfg, dtype=torch.float64, device=step.device)
+        return 1 + (self.hc.cfg - 1) * self.known_after[step].unsqueeze(1) / self.L
 
     def check_draft(self, draft) -> None:
         got, want = (draft.config.seq_len, draft.config.token_dim), (self.L, self.C)
@@ -150,13 +183,15 @@ class DiffusionFamily:
         return z.chunk(2)
 
     def sample(self, run: _Run, model, ctx, entry, rows, steps) -> HeadSample:
-        """The aligned head chain of query q: sample ``rows[q]``, step ``steps[q]``, condition of ctx
-        entry ``entry[q]``. Densities in float64, on the device."""
+        """The aligned head chains of the tokens of query q's step: sample ``rows[q]``, step ``steps[q]``,
+        conditions of ctx entry ``entry[q]``; token rows query-major, in order within a step. Densities
+        in float64, on the device."""
         z, zu = ctx
-        pos = run.pos[rows, steps, 0]
-        noise, eps = run.noise(rows, pos)
-        zr, zur = z[entry, pos], None if zu is None else zu[entry, pos]
-        cfg = self.hc.scale(steps, self.L).to(device=run.device, dtype=run.dtype)
+        owner, pos, _ = run.tokens_of(rows, steps)
+        noise, eps = run.noise(rows[owner], pos)
+        e = entry[owner]
+        zr, zur = z[e, pos], None if zu is None else zu[e, pos]
+        cfg = self.scale(steps[owner]).to(device=run.device, dtype=run.dtype)
         h = aligned_sample(model.head, zr, noise, eps, self.sched, z_u=zur, cfg=cfg, tau=self.hc.temperature,
                            final_noise=run.final_noise, clip_x0=self.hc.clip_x0, final_std=run.final_std)
         return _f64(h)
@@ -176,6 +211,7 @@ class FlowFamily:
         self.fc, self.L, self.C, self.cell_len = fc, c.seq_len, c.token_dim, c.cell_len
         self.unit = fc.unit_for(c.cell_len)
         self.n_steps, self.n_cells = self.L // self.unit, c.n_cells
+        self.bounds = list(range(0, self.L + 1, self.unit))
         self.chain_steps, self.grid = fc.num_steps, time_grid(fc.num_steps)
         device = next(model.parameters()).device
         self.order = model.cell_positions().to(device)  # (L,) raster index of cell-order position i
@@ -186,7 +222,7 @@ class FlowFamily:
         self.geometry = (c.seq_len, c.token_dim, c.grid, c.cell)
 
     def positions(self, seed: int) -> torch.Tensor:
-        return self.order.view(self.n_steps, self.unit)
+        return self.order
 
     def check_draft(self, draft) -> None:
         c = draft.config
@@ -227,7 +263,7 @@ class FlowFamily:
         qr, T = row_of[g], M * u  # query -> batch row; T query tokens per row
         tok = slot[:, None] * u + torch.arange(u, device=dev)  # (Q, u) column of each token in its row
         cell_pos = steps[:, None] * u + torch.arange(u, device=dev)  # (Q, u) cell-order positions
-        img_pos = run.pos[rows, steps]  # (Q, u) raster positions
+        img_pos = run.order[rows[:, None], cell_pos]  # (Q, u) raster positions
         noise, eps = run.noise(rows.repeat_interleave(u), img_pos.reshape(-1))
         noise = noise.double().view(Q, u, C)
         eps = eps.double().view(-1, Q, u, C)
@@ -279,14 +315,16 @@ def family_for(model, settings, final_std=None):
 
 
 class _Run:
-    """The state of one batch: tokens, known mask, each sample's step positions (``pos`` (B, n_steps,
-    unit)) and the step of each position (``rank``), per-sample generators and counters, all on the
-    device of the target's parameters (``device``)."""
+    """The state of one batch: tokens, known mask, each sample's generation order (``order`` (B, L):
+    the positions in the order they are generated), the family's steps (step s generates order
+    entries ``bounds[s]`` .. ``bounds[s + 1] - 1``; the same for every sample) and the step of each
+    position (``rank``), per-sample generators and counters, all on the device of the target's
+    parameters (``device``)."""
 
     def __init__(self, model, labels, seeds, settings, final_noise: bool, final_std: float | None = None,
                  inner_temperature: float = 1.0):
         self.fam = family_for(model, settings, final_std)
-        self.L, self.C, self.n_steps, self.unit = self.fam.L, self.fam.C, self.fam.n_steps, self.fam.unit
+        self.L, self.C, self.n_steps = self.fam.L, self.fam.C, self.fam.n_steps
         self.final_noise, self.final_std = final_noise, final_std
         self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device
@@ -294,14 +332,25 @@ class _Run:
         B = len(self.seeds)
         self.tokens = torch.zeros(B, self.L, self.C, dtype=self.dtype, device=self.device)
         self.known = torch.zeros(B, self.L, dtype=torch.bool, device=self.device)
-        self.pos = torch.stack([self.fam.positions(s) for s in self.seeds]).to(self.device)
+        self.order = torch.stack([self.fam.positions(s) for s in self.seeds]).to(self.device)
+        self.bl = list(self.fam.bounds)  # host copy: slicing without device reads
+        self.bounds = torch.tensor(self.bl, dtype=torch.long, device=self.device)
+        self.sizes = self.bounds.diff()  # tokens of each step
         self.rank = torch.empty(B, self.L, dtype=torch.long, device=self.device)  # rank[b, j]: the step of j
-        steps = torch.arange(self.n_steps, device=self.device)[:, None].expand(self.n_steps, self.unit).reshape(-1)
-        self.rank.scatter_(1, self.pos.reshape(B, -1), steps.expand(B, -1).contiguous())
+        steps = torch.repeat_interleave(torch.arange(self.n_steps, device=self.device), self.sizes, output_size=self.L)
+        self.rank.scatter_(1, self.order, steps.expand(B, -1).contiguous())
         self.gens = [torch.Generator(device=self.device).manual_seed(_seed(s, 1 << 20)) for s in self.seeds]
         self.inner_temperature = inner_temperature  # the paper rule's lam (cspd_generate)
         self.counters = [dict(drafted=0, verified=0, accepted=0, resample_rounds=0, fallbacks=0, target_forwards=0, draft_forwards=0)
                          for _ in self.seeds]
+
+    def tokens_of(self, rows, steps):
+        """The tokens of step ``steps[q]`` of sample ``rows[q]``, query-major, in order within a step:
+        (owner q (N,), position (N,), place within its step (N,))."""
+        cnt = self.sizes[steps]
+        owner = torch.repeat_interleave(torch.arange(len(steps), device=self.device), cnt)
+        within = torch.arange(len(owner), device=self.device) - (torch.cumsum(cnt, 0) - cnt)[owner]
+        return owner, self.order[rows[owner], self.bounds[steps][owner] + within], within
 
     def noise(self, rows, pos):
         """(x^(K) (n, C), eps (K, n, C)) of the positions ``pos`` of samples ``rows`` (``position_noise``)."""
@@ -316,10 +365,10 @@ class _Run:
         return self.fam.sample(self, model, ctx, entry, rows, steps)
 
     def write(self, rows, steps, x0):
-        """Tokens x0 ((n * unit, C), step-major) of step ``steps[i]`` of sample ``rows[i]``, now known."""
-        p = self.pos[rows, steps]
-        self.tokens[rows[:, None], p] = x0.to(device=self.device, dtype=self.dtype).view(len(rows), self.unit, self.C)
-        self.known[rows[:, None], p] = True
+        """Tokens x0 ((N, C), ``tokens_of`` order) of step ``steps[i]`` of sample ``rows[i]``, now known."""
+        owner, p, _ = self.tokens_of(rows, steps)
+        self.tokens[rows[owner], p] = x0.to(device=self.device, dtype=self.dtype)
+        self.known[rows[owner], p] = True
 
     def target_step(self, target, step: int):
         """One step per sample by the target alone (lockstep: every sample at ``step``)."""
@@ -390,21 +439,26 @@ def cspd_generate(target, draft, labels, seeds, hc, *, gamma: int = 4, mode: str
 
 def _draft(run: _Run, draft, rows, start, g):
     """g[k] draft steps of sample rows[k] from its step start[k]: returns (draft tokens (R, L, C),
-    HeadSample of (R, max g * unit) rows: token i of step j of row k at [k, j * unit + i], zeros past g[k])."""
+    HeadSample of (R, T) rows, T the most tokens of any row's g steps: the tokens of row k's steps in
+    order at [k, 0 ..], zeros past them)."""
     tokens, known = run.tokens[rows].clone(), run.known[rows].clone()
-    R, G, u = len(rows), int(g.max()), run.unit
+    R, G = len(rows), int(g.max())
+    T = int((run.bounds[start + g] - run.bounds[start]).max())
     f64 = dict(dtype=torch.float64, device=run.device)
-    q = HeadSample(torch.zeros(R, G * u, run.C, dtype=run.dtype, device=run.device), torch.zeros(R, G * u, run.C, **f64),
-                   torch.zeros(R, G * u, run.C, **f64), torch.zeros(R, G * u, **f64))
+    q = HeadSample(torch.zeros(R, T, run.C, dtype=run.dtype, device=run.device), torch.zeros(R, T, run.C, **f64),
+                   torch.zeros(R, T, run.C, **f64), torch.zeros(R, T, **f64))
     for j in range(G):
         live = (g > j).nonzero().squeeze(1)
         ctx = run.prepare(draft, rows[live], tokens[live], known[live])
-        h = run.sample(draft, ctx, torch.arange(len(live), device=run.device), rows[live], start[live] + j)
-        p = run.pos[rows[live], start[live] + j]
-        tokens[live[:, None], p] = h.x0.view(len(live), u, run.C)
-        known[live[:, None], p] = True
+        steps = start[live] + j
+        h = run.sample(draft, ctx, torch.arange(len(live), device=run.device), rows[live], steps)
+        owner, p, within = run.tokens_of(rows[live], steps)
+        k = live[owner]
+        tokens[k, p] = h.x0
+        known[k, p] = True
+        col = (run.bounds[steps] - run.bounds[start[live]])[owner] + within  # place among row k's drafted tokens
         for f in ("x0", "mu0", "log_std0", "s"):
-            getattr(q, f)[live, j * u:(j + 1) * u] = getattr(h, f).view(len(live), u, *getattr(h, f).shape[1:])
+            getattr(q, f)[k, col] = getattr(h, f)
         for b in rows[live].tolist():
             run.counters[b]["draft_forwards"] += 1
     return tokens, q
@@ -425,7 +479,7 @@ def _count(c: dict, v, take: int, drafted: int):
 
 
 def _parallel(run: _Run, target, draft, s: int, gamma: int, mode: str, max_rounds: int):
-    B, u = len(run.seeds), run.unit
+    B, bl = len(run.seeds), run.bl
     rows = torch.arange(B, device=run.device)
     while s < run.n_steps:
         g = min(gamma, run.n_steps - s)
@@ -434,10 +488,10 @@ def _parallel(run: _Run, target, draft, s: int, gamma: int, mode: str, max_round
         trows = rows.repeat_interleave(g)
         tsteps = (s + torch.arange(g, device=run.device)).repeat(B)
         p = run.sample(target, ctx, trows, trows, tsteps)
-        n = g * u
+        n = bl[s + g] - bl[s]  # tokens of the g steps (the same for every sample)
         for b in range(B):
             v = run.verify(b, mode, _rows(p, slice(b * n, (b + 1) * n)), _rows(q, b), max_rounds)
-            pos = run.pos[b, s:s + g].reshape(-1)
+            pos = run.order[b, bl[s]:bl[s + g]]
             run.tokens[b, pos] = v.tokens.to(device=run.device, dtype=run.dtype)  # every token kept: no rollback
             run.known[b, pos] = True
             _count(run.counters[b], v, n, n)
@@ -445,7 +499,7 @@ def _parallel(run: _Run, target, draft, s: int, gamma: int, mode: str, max_round
 
 
 def _prefix(run: _Run, target, draft, m: int, gamma: int, mode: str, max_rounds: int):
-    u, dev = run.unit, run.device
+    dev, bl = run.device, run.bl
     n = torch.full((len(run.seeds),), m, dtype=torch.long, device=dev)  # steps done per sample
     while bool((n < run.n_steps).any()):
         rows = (n < run.n_steps).nonzero().squeeze(1)
@@ -458,22 +512,27 @@ def _prefix(run: _Run, target, draft, m: int, gamma: int, mode: str, max_rounds:
         tr = rows[rk]
         ctx = run.prepare(target, tr, dtok[rk], run.rank[tr] < (n[tr] + rj).unsqueeze(1))
         sel = ((rj < g[rk]) | (n[tr] + rj < run.n_steps)).nonzero().squeeze(1)
-        p = run.sample(target, ctx, sel, tr[sel], n[tr[sel]] + rj[sel])
-        qi = torch.full((len(rk),), -1, dtype=torch.long, device=dev)
-        qi[sel] = torch.arange(len(sel), device=dev)  # entry -> its query's place in p (in steps)
+        qsteps = n[tr[sel]] + rj[sel]
+        p = run.sample(target, ctx, sel, tr[sel], qsteps)
+        cnt = run.sizes[qsteps]
+        qoff = torch.zeros(len(rk), dtype=torch.long, device=dev)
+        qoff[sel] = torch.cumsum(cnt, 0) - cnt  # entry -> the first token of its query in p
         first = torch.cumsum(g + 1, 0) - (g + 1)  # the entry of (k, 0)
         for k, b in enumerate(rows.tolist()):
-            gk, i0 = int(g[k]), int(qi[first[k]]) * u
-            v = run.verify(b, mode, _rows(p, slice(i0, i0 + gk * u)), _rows(q, (k, slice(0, gk * u))), max_rounds)
-            acc = v.accepted.view(gk, u).all(1).tolist()
+            gk, nb = int(g[k]), int(n[b])
+            i0, nt = int(qoff[first[k]]), bl[nb + gk] - bl[nb]
+            v = run.verify(b, mode, _rows(p, slice(i0, i0 + nt)), _rows(q, (k, slice(0, nt))), max_rounds)
+            step = run.rank[b, run.order[b, bl[nb]:bl[nb] + nt]] - nb  # each verified token's step, 0 .. gk - 1
+            rejected = torch.zeros(gk, dtype=torch.long, device=dev).index_add_(0, step, (~v.accepted).long())
+            acc = (rejected == 0).tolist()
             take = acc.index(False) + 1 if False in acc else gk  # the accepted steps, then the one with a resample
-            nb = int(n[b])
-            pos = run.pos[b, nb:nb + take].reshape(-1)
-            run.tokens[b, pos] = v.tokens[:take * u].to(device=dev, dtype=run.dtype)
+            nk = bl[nb + take] - bl[nb]
+            pos = run.order[b, bl[nb]:bl[nb] + nk]
+            run.tokens[b, pos] = v.tokens[:nk].to(device=dev, dtype=run.dtype)
             run.known[b, pos] = True
-            _count(run.counters[b], v, take * u, gk * u)
+            _count(run.counters[b], v, nk, nt)
             n[b] += take
             if all(acc) and int(n[b]) < run.n_steps:  # the target's own step after gk accepted: entry (k, gk)
-                ib = int(qi[first[k] + gk]) * u
-                run.write(torch.tensor([b], device=dev), n[b:b + 1].clone(), p.x0[ib:ib + u])
+                ib, nbonus = int(qoff[first[k] + gk]), bl[nb + gk + 1] - bl[nb + gk]
+                run.write(torch.tensor([b], device=dev), n[b:b + 1].clone(), p.x0[ib:ib + nbonus])
                 n[b] += 1
