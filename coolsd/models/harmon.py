@@ -54,9 +54,9 @@ Where ours differs from upstream, and why:
   (``_llm``), so that a sample's numbers do not depend on its batch;
 * upstream runs in bf16 with flash attention; here any dtype with sdpa (tests: fp32 / fp64; Qwen's
   RMSNorm and RoPE compute in fp32 inside transformers);
-* the sampling loop (64 MaskGIT-cosine iterations, several tokens per iteration) is not here: the
-  continuous loop (``coolsd.engine.continuous.generate``) samples one token per step (MAR's
-  ``num_iter = L``); the tests replay upstream's ``Harmon.sample`` with its recorded draws.
+* the sampling loop is not here: the continuous loop (``coolsd.engine.continuous.generate``) runs
+  upstream's MaskGIT-cosine steps (``HeadConfig.num_iter``, 64 in conf/target/harmon_1_5b.yaml) or one
+  token a step; the tests replay upstream's ``Harmon.sample`` with its recorded draws.
 """
 from __future__ import annotations
 
@@ -256,7 +256,6 @@ class Harmon(nn.Module):
         for blk in mar.decoder_blocks:
             x = blk(x)
         return mar.decoder_norm(x)[:, nb:] + grid_pos_embed(mar.diffusion_pos_embed_learned, 0, base, g)
-
 
     def _llm(self, embeds: torch.Tensor, ok: torch.Tensor, T: int) -> torch.Tensor:
         """Last hidden states (B, S, H) of the LLM over ``embeds`` (B, S, H) = [prompt (T) | image | buffers]

@@ -9,8 +9,8 @@ too), templated as upstream (``coolsd.models.harmon.encode_prompts``); the CFG b
 null prompt "Generate an image.".
 
 Draft and target share the run's grid (``target.grid``, applied to both) and the head's settings;
-the loop samples one token per step in each sample's random order (MAR's ``num_iter = L``; upstream's
-64-iteration MaskGIT schedule reveals several tokens per iteration, docs/targets.md).
+the loop runs upstream's 64 MaskGIT-cosine steps of several tokens along each sample's random order
+(``target.head.num_iter``; null: one token a step, docs/targets.md).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from coolsd.models.harmon import HARMON_CONFIGS, HARMON_SOURCE, HarmonConfig, Qw
     load_harmon, set_null_prompt
 from coolsd.models.mar import MARConfig
 from coolsd.util.loading import BadInputFile
-from coolsd.worlds.files import config_need, file_identity
+from coolsd.worlds.files import architecture, config_need, file_identity
 from coolsd.worlds.mar import KL16World
 from coolsd.worlds.schema import HeadSchema, TargetSchema
 
@@ -68,10 +68,7 @@ class HarmonWorld(KL16World):
         run's grid ``t.grid`` (when set) replaces the architecture's, for draft and target alike."""
         arch = OmegaConf.to_object(arch) if OmegaConf.is_config(arch) else arch
         if isinstance(arch, str):
-            if arch not in cls.presets:
-                raise ValueError(f"{where}={arch!r} is not a released architecture; valid: {', '.join(cls.presets)}, "
-                                 f"or a mapping {{llm: QwenConfig fields, mar: MARConfig fields, grid: int}}")
-            cfg = cls.presets[arch]
+            cfg = architecture(arch, where, cls.presets, cls.config_cls)
         else:
             parts = dict(arch)
             unknown = sorted(set(parts) - {"llm", "mar", "grid"})

@@ -88,7 +88,6 @@ class HeadConfig:
             raise ValueError(f"num_iter (AR steps) must be an integer >= 1 or null (one token a step), got {self.num_iter!r}")
 
 
-
 def maskgit_steps(L: int, num_iter: int | None) -> tuple[list[int], list[int]]:
     """(bounds, known): step s generates the tokens bounds[s] .. bounds[s + 1] - 1 of the order, and its
     ``linear`` CFG scale is 1 + (w - 1) known[s] / L. ``num_iter`` None: one token a step, known[s] = s + 1
@@ -103,10 +102,10 @@ def maskgit_steps(L: int, num_iter: int | None) -> tuple[list[int], list[int]]:
     for step in range(num_iter):
         mask_len = max(1, min(masked - 1, math.floor(L * np.cos(math.pi / 2.0 * (step + 1) / num_iter))))
         nxt = 0 if step >= num_iter - 1 else mask_len
-        if nxt < masked:
+        if nxt < masked:  # nxt <= masked always; equal: the step reveals nothing
             bounds.append(L - nxt)
             known.append(L - mask_len)
-        masked = nxt if nxt < masked else masked
+        masked = nxt
         if masked == 0:
             break
     return bounds, known
