@@ -18,6 +18,7 @@ import argparse
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 from coolsd.job.generation import TIMING_KEYS, collect, kept_images
 from coolsd.job.shards import SHARD_FILE
@@ -121,12 +122,16 @@ def summarize_records(folder: Path, ident: dict, records: dict, prompts: list[in
     images back)."""
     world_cls = world_class(ident["target"])
     outputs = collect(world_cls, ident["methods"], records, folder, prompts, {}, kept_images(world_cls))
-    ds = ident["dataset"]
-    pool = []
+    ds, offset = ident["dataset"], int(ident["dataset"].get("offset", 0))
+    chosen = [None] * len(prompts)
     if prompts and world_cls.quality_reads_images:  # the prompts themselves (toy scenes) only where quality reads them
-
-        pool = load_prompts({**ds, "n_prompts": max(prompts) + 1 - int(ds.get("offset", 0))})
-    chosen = [pool[p - int(ds.get("offset", 0))] for p in prompts] if pool else [None] * len(prompts)
+        if ds.get("name") == "prompts":  # a prompt file: run.json holds its fingerprint, not its place; records its texts
+            text = {p: r for (_, p), r in records.items()}
+            chosen = [SimpleNamespace(caption=text[p]["caption"], index=p, prompt_id=text[p].get("prompt_id"))
+                      for p in prompts]
+        else:
+            pool = load_prompts({**ds, "n_prompts": max(prompts) + 1 - offset})
+            chosen = [pool[p - offset] for p in prompts]
     summary = summarize(world_cls, ident, outputs, chosen, failures)
     summary["speedup_reference"] += " (merged shards)"
     return summary

@@ -32,8 +32,9 @@ from typing import Any, Optional
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from coolsd.engine.methods import ParamError, check_method
+from coolsd.engine.methods.cspd import refuse_flow_head_params
 from coolsd.job.shards import Shard
-from coolsd.prompts import prompt_pool
+from coolsd.prompts import load_prompt_file, prompt_pool
 from coolsd.util.errors import ConfigError
 from coolsd.worlds import target_schemas, world_class, world_names
 from coolsd.worlds.files import DTYPES, require_files
@@ -64,6 +65,15 @@ class CocoDatasetSchema(DatasetSchema):
     captions: Optional[str] = None
     images: Optional[str] = None
     cache_dir: str = "outputs/cache"
+
+
+@dataclass
+class PromptsDatasetSchema(DatasetSchema):
+    """``dataset=prompts``: a prompt file (``coolsd.prompts.files``); ``n_prompts`` null = all of it."""
+
+    n_prompts: Optional[int] = None
+    path: Optional[str] = None
+    column: Optional[str] = None
 
 
 @dataclass
@@ -99,6 +109,7 @@ SCHEMAS = {
     (None, "coolsd_schema"): ConfigSchema,
     ("dataset", "dataset_schema"): DatasetSchema,
     ("dataset", "coco_dataset_schema"): CocoDatasetSchema,
+    ("dataset", "prompts_dataset_schema"): PromptsDatasetSchema,
     ("tree", "tree_schema"): TreeSchema,
 }
 
@@ -258,9 +269,26 @@ def check_config(cfg, world_cls=None, out_dir=None, out_key: str = "hydra.run.di
     world_cls = world_cls or _PASSED[key]
     # the files (coolsd.worlds.files: every missing one at once), then the device they would load on
     require_files(cfg.target.name, world_cls.missing_files(cfg))
+    check_prompt_file(cfg, world_cls)  # after the files: a missing prompt file is in their list
     check_device(cfg)  # after the files: a run without weights lists them whatever the device
     if out_dir is not None:
         check_output_dir(out_dir, out_key)
+
+
+def check_prompt_file(cfg, world_cls) -> None:
+    """``dataset=prompts``: the file parses (``coolsd.prompts.files``: one line naming file and line),
+    ``dataset.offset`` / ``dataset.n_prompts`` lie within its prompts, and the target can condition
+    on the chosen ones (``World.check_prompts``). Read every time: a file can change."""
+    d = cfg.get("dataset") or {}
+    if d.get("name") != "prompts":
+        return
+    prompts = load_prompt_file(d.get("path"), d.get("column"))
+    pool, n = len(prompts), d.get("n_prompts")
+    hint = f" (the prompt file {d.get('path')} holds {pool} prompts)"
+    offset = require_int("dataset.offset", d.get("offset", 0), 0, pool - 1, hint)
+    if n is not None:
+        n = require_int("dataset.n_prompts", n, 1, pool - offset, hint[:-1] + f", from dataset.offset={offset})")
+    world_cls.check_prompts(prompts[offset: None if n is None else offset + n], d.get("path"))
 
 
 def _check_values(cfg, world_cls):
@@ -279,7 +307,11 @@ def _check_values(cfg, world_cls):
         if _get(cfg, key) is not None:
             require_number(key, _get(cfg, key), low=0)
     d = cfg.get("dataset")
-    if d is not None and d.get("n_prompts") is not None:
+    if d is not None and d.get("name") == "prompts":  # a prompt file: its own count, once the file is there
+        require_int("dataset.offset", d.get("offset", 0), 0)
+        if d.get("n_prompts") is not None:
+            require_int("dataset.n_prompts", d.get("n_prompts"), 1, hint=" or null (every prompt from dataset.offset)")
+    elif d is not None and d.get("n_prompts") is not None:
         pool = prompt_pool(d.get("name"))
         offset = require_int("dataset.offset", d.get("offset", 0), 0, None if pool is None else pool - 1)
         high = None if pool is None else pool - offset
@@ -303,6 +335,8 @@ def _check_values(cfg, world_cls):
 
     try:  # the registry's names, family and parameters (coolsd.engine.methods.check_params: the one place)
         check_method(name, world_cls.family, params)
+        if world_cls.family == "continuous" and _get(cfg, "target.flow") is not None:  # no head to override
+            refuse_flow_head_params(params)
     except ParamError as e:
         it = e.why if e.why.startswith("valid:") else f"it {e.why}"
         raise ConfigError(f"method.{e.name}={e.value!r} is invalid: {it}") from None

@@ -66,8 +66,11 @@ def run_identity(world, methods: dict, *, seed: int, dataset: dict, threads: int
 
 
 def record_head(prompt, idx: int, seed: int, tag: str, method) -> dict:
-    """What every record of a sample starts with: which prompt, seed and method."""
-    return {"prompt_index": idx, "caption": prompt.caption, "seed": seed, "method": tag, "params": method.describe()}
+    """What every record of a sample starts with: which prompt (and its content id where it has one:
+    a prompt file's, ``coolsd.prompts.files``), seed and method."""
+    pid = getattr(prompt, "prompt_id", None)
+    return {"prompt_index": idx, "caption": prompt.caption, **({"prompt_id": pid} if pid is not None else {}),
+            "seed": seed, "method": tag, "params": method.describe()}
 
 
 def generate_records(world, method, prompts: list, idxs: list[int], seeds: list[int], tag: str) -> list:

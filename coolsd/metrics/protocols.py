@@ -71,11 +71,12 @@ def fid_protocol(name: str) -> dict:
 
 
 def read_parti_prompts(path) -> list[str]:
-    """The ``Prompt`` column of a PartiPrompts TSV (tab-separated, header row), in file order."""
+    """The ``Prompt`` column of a PartiPrompts TSV (tab-separated, header row, no quoting: prompt 1560
+    starts with a literal ``"``), in file order, as ``dataset=prompts`` reads it (docs/protocols.md)."""
 
     p = require_file(path, "the PartiPrompts TSV", PARTI_SOURCE)
     with open(p, newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f, delimiter="\t"))
+        rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
     if not rows or "Prompt" not in rows[0]:
         raise BadInputFile(f"{p} has no 'Prompt' column (tab-separated with a header row expected); it comes from "
                            f"{PARTI_SOURCE}")

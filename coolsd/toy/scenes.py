@@ -7,6 +7,7 @@ of (seed, index): any number of prompts and reference images can be drawn reprod
 """
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import asdict, dataclass
 
@@ -153,3 +154,36 @@ def tokenize(caption: str) -> list[int]:
     if len(ids) > MAX_CAPTION_TOKENS:
         raise ValueError(f"caption has {len(ids)} words; the toy caption encoder takes at most {MAX_CAPTION_TOKENS}: {caption!r}")
     return ids
+
+
+def caption_words(caption: str) -> list[str]:
+    """The words of a caption as a check sees them (lower-cased runs of letters, accented ones
+    included; digits and punctuation are not words): ``tokenize`` reads the a-z runs of these."""
+    return re.findall(r"[^\W\d_]+", caption.lower())
+
+
+def scene_of_caption(caption: str) -> Scene:
+    """The scene a caption in the toy words describes, each attribute named once in any order or
+    wording ("a small red circle at the top on a black background"); its template is the one that
+    writes the caption exactly (else 0), its jitter seed comes from the caption's text. A caption
+    that lacks an attribute or names two values of one: ValueError naming it and its values."""
+    words = caption_words(caption)
+    found = {}
+    for attr, names in (("shape", SHAPES), ("colour", tuple(COLOURS)), ("background", tuple(BACKGROUNDS)),
+                        ("size", tuple(SIZES))):
+        got = sorted({w for w in words if w in names})
+        if len(got) != 1:
+            why = "names no" if not got else f"names {len(got)} values ({', '.join(got)}) of its"
+            raise ValueError(f"the caption {why} {attr}; valid: {', '.join(names)}")
+        found[attr] = got[0]
+    vertical = sorted({w for w in words if w in ("top", "bottom")})
+    horizontal = sorted({w for w in words if w in ("left", "right")})
+    centre = "center" in words
+    if len(vertical) > 1 or len(horizontal) > 1 or (centre and (vertical or horizontal)) or not (
+            centre or vertical or horizontal):
+        why = "names no" if not (centre or vertical or horizontal) else "names more than one"
+        raise ValueError(f"the caption {why} position; valid: {', '.join(POSITIONS)}")
+    found["position"] = "center" if centre else " ".join(vertical + horizontal)
+    seed = int(hashlib.sha256(caption.encode("utf-8")).hexdigest()[:8], 16) % 2**31
+    template = next((k for k in range(len(TEMPLATES)) if Scene(**found, template=k, seed=seed).caption == caption), 0)
+    return Scene(**found, template=template, seed=seed)

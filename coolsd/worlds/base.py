@@ -37,7 +37,7 @@ from coolsd.engine.drafting import SamplingConfig, build_drafter
 from coolsd.engine.loop import speculative_generate
 from coolsd.engine.methods import build_method
 from coolsd.engine.timing import device_sync
-from coolsd.prompts import load_prompts
+from coolsd.prompts import load_prompts, prompt_file_dataset
 from coolsd.worlds.files import file_identity
 from coolsd.worlds.presentation import (
     CONTINUOUS_COLUMNS,
@@ -117,6 +117,8 @@ class World(ABC):
         """What identifies the prompt set (part of a run folder's identity)."""
 
         d = cfg.dataset
+        if d.get("name") == "prompts":  # a prompt file (docs/protocols.md, "Prompt files"): its content fingerprint
+            return prompt_file_dataset(d, file_identity(d.path))
         return {"name": d.name, "n_prompts": int(d.n_prompts), "offset": int(d.offset),
                 **({"captions": file_identity(d.captions)} if d.get("captions") else {})}  # its content fingerprint
 
@@ -125,6 +127,12 @@ class World(ABC):
         """The prompts (each with ``.caption``), position i = prompt index ``offset + i``."""
 
         return load_prompts(cfg.dataset)
+
+    @classmethod
+    def check_prompts(cls, prompts: list, path) -> None:
+        """Refuse, in one line naming the file and line (``p.line``), prompts of a prompt file
+        ``path`` (``dataset=prompts``) that this target cannot condition on; run by
+        ``coolsd.job.config_schema.check_config`` before anything loads. Default: every text."""
 
     @classmethod
     def quality(cls, outputs: dict, prompts: list, files: dict) -> dict:
@@ -333,7 +341,12 @@ class ContinuousWorld(World):
         ...
 
     def settings(self) -> dict:
-        return {"head": dataclasses.asdict(self.head)}
+        """The head settings; a diffusion head's ``sampler`` / ``eta`` only when not DDPM's (so run
+        folders made before the option existed keep their identity)."""
+        head = dataclasses.asdict(self.head)
+        if head.get("sampler") == "ddpm" and head.get("eta") == 0:
+            del head["sampler"], head["eta"]
+        return {"head": head}
 
     def build_method(self, name: str, params: dict, tree="chain", draft_length=None):
         return build_method(name, family=self.family, **params)

@@ -79,12 +79,17 @@ def config_need(cfg, key: str, name: str, source: str, folder: Optional[bool] = 
 
 def dataset_needs(cfg) -> list[Need]:
     """The input files of the configured data set, checked with every world's files before any model
-    loads: ``coco2017val`` needs its captions file (``dataset.captions`` / $COCO_CAPTIONS); the toy
+    loads: ``coco2017val`` needs its captions file (``dataset.captions`` / $COCO_CAPTIONS), ``prompts``
+    its prompt file (``dataset.path`` / $PROMPTS_FILE, docs/protocols.md "Prompt files"); the toy
     scenes and ImageNet class labels need none. (The val2017 images are FID's reference set:
     ``python -m coolsd.cli.evaluate --coco-images``.)"""
 
-    if (cfg.get("dataset") or {}).get("name") == "coco2017val":
+    name = (cfg.get("dataset") or {}).get("name")
+    if name == "coco2017val":
         return [config_need(cfg, "dataset.captions", "COCO captions", SOURCE, folder=False)]
+    if name == "prompts":
+        return [config_need(cfg, "dataset.path", "prompt file", "your prompt list: a .txt, .jsonl, .csv or .tsv file "
+                            "(docs/protocols.md)", folder=False)]
     return []
 
 

@@ -44,4 +44,6 @@ class HeadSchema:
     temperature: float = MISSING
     order: str = MISSING
     clip_x0: Optional[float] = None
+    sampler: str = "ddpm"  # ddpm | ddim (HeadConfig; docs/methods.md#51-ddim-head-sampler)
+    eta: float = 0.0  # DDIM's noise scale in [0, 1]; 0 with ddpm
     num_iter: Optional[int] = None  # AR steps: null = one token a step; n = upstream's MaskGIT-cosine n steps

@@ -4,7 +4,8 @@ LlamaGen's GPT class over a 512-code VQ tokenizer of 32x32 scenes, a small capti
 place of T5, and drafters: the shipped EAGLE-1 head (``draft=toy``), the target itself
 (``draft=self``), or an EAGLE folder (``draft=llamagen_xl draft.path=...``, e.g. one trained by
 ``python -m coolsd.cli.train_drafter target=toy``). Quality: ``toy_clip`` and ``toy_fid``
-(coolsd.metrics.toy) against renders of the prompts' scenes.
+(coolsd.metrics.toy) against renders of the prompts' scenes (a prompt file's, ``dataset=prompts``:
+of the captions that name a whole scene, docs/protocols.md "Prompt files").
 """
 from __future__ import annotations
 
@@ -21,7 +22,16 @@ from coolsd.metrics.toy import toy_quality as quality
 from coolsd.models.eagle.model import EagleDrafter, load_eagle_head
 from coolsd.models.llamagen import LlamaGenTarget
 from coolsd.toy.load_assets import ASSETS_DIR, FILES, load_toy_assets, toy_feature_extractor
-from coolsd.toy.scenes import Scene, render_batch, sample_scenes
+from coolsd.toy.scenes import (
+    MAX_CAPTION_TOKENS,
+    WORDS,
+    Scene,
+    caption_words,
+    render_batch,
+    sample_scenes,
+    scene_of_caption,
+)
+from coolsd.util.loading import BadInputFile
 from coolsd.worlds.base import DiscreteWorld, draft_kind
 from coolsd.worlds.files import DRAFTER_FOLDER, config_need, run_missing_inputs
 from coolsd.worlds.presentation import DISCRETE_SPEED_COLUMNS, SIGNAL_COLUMNS, TOY_COLUMNS, Presentation
@@ -43,19 +53,58 @@ def toy_extractor(files: dict):
     return _toy_features(files.get("assets_dir"), files["assets"][FEATURES])
 
 
+def toy_scene(prompt) -> Optional[Scene]:
+    """A prompt's toy scene: a toy prompt itself, else the scene its caption describes
+    (``scene_of_caption``: a prompt file's caption in the toy words), else None (unknown)."""
+    if isinstance(prompt, Scene):
+        return prompt
+    try:
+        return scene_of_caption(prompt.caption)
+    except (AttributeError, ValueError):
+        return None
+
+
 def toy_quality(outputs: dict, prompts: list, assets_dir: Optional[str], features_sha256: str) -> dict:
     """toy_clip / toy_fid (and their paired differences to ``ar``) of every method, with the
-    toy feature network the run names (checked by sha256), when the prompts are toy scenes; {}
-    otherwise."""
+    toy feature network the run names (checked by sha256), over the prompts whose scene is known
+    (``toy_scene``: every toy prompt; a prompt file's captions that name a whole scene; each
+    metric's ``n`` says how many); {} where none is."""
 
-    if not prompts or not all(isinstance(p, Scene) for p in prompts):
+    scenes = [toy_scene(p) for p in prompts]
+    known = [i for i, s in enumerate(scenes) if s is not None]
+    if not known:
         return {}
     extractor = toy_extractor({"assets_dir": assets_dir, "assets": {FEATURES: features_sha256}})
-    return quality(extractor, {tag: imgs for tag, (_, imgs) in outputs.items()}, prompts)
+    return quality(extractor, {tag: imgs[known] for tag, (_, imgs) in outputs.items()}, [scenes[i] for i in known])
 
 
 def toy_reference(prompts: list) -> Optional[np.ndarray]:
-    return render_batch(prompts) if prompts and all(isinstance(p, Scene) for p in prompts) else None
+    """The grid's reference row: renders of the prompts' scenes, None unless every one is known."""
+    scenes = [toy_scene(p) for p in prompts]
+    return render_batch(scenes) if scenes and all(s is not None for s in scenes) else None
+
+
+def check_toy_captions(prompts: list, path, whole_scenes: bool = False) -> None:
+    """Prompt-file captions the toy worlds can encode: every word in the caption encoder's
+    vocabulary (``coolsd.toy.scenes.WORDS``; ``tokenize`` would read another as ``<unk>``), at most
+    ``MAX_CAPTION_TOKENS`` words, and (``whole_scenes``) a whole scene named (``scene_of_caption``);
+    else one ``BadInputFile`` naming the file, the prompt's line, the word and what is valid."""
+    valid = [w for w in WORDS if not w.startswith("<")]
+    for p in prompts:
+        where = f"{path} line {getattr(p, 'line', p.index + 1)} (prompt {p.index}, {p.caption!r})"
+        unknown = [w for w in caption_words(p.caption) if w not in valid]
+        if unknown:
+            raise BadInputFile(f"{where}: the toy caption encoder does not know the word {unknown[0]!r}; valid words: "
+                               f"{', '.join(valid)}; write the prompt in these words, or run a real target")
+        if len(caption_words(p.caption)) > MAX_CAPTION_TOKENS:
+            raise BadInputFile(f"{where}: more than {MAX_CAPTION_TOKENS} words, the toy caption encoder's limit; "
+                               "shorten it")
+        if whole_scenes:
+            try:
+                scene_of_caption(p.caption)
+            except ValueError as e:
+                raise BadInputFile(f"{where}: {e} (this target conditions on the five attributes of a toy scene: "
+                                   "shape, colour, background, position, size)") from None
 
 
 @dataclass
@@ -73,6 +122,10 @@ class ToyWorld(DiscreteWorld):
     @classmethod
     def quality(cls, outputs, prompts, files):
         return toy_quality(outputs, prompts, files.get("assets_dir"), files["assets"][FEATURES])
+
+    @classmethod
+    def check_prompts(cls, prompts, path):
+        check_toy_captions(prompts, path)
 
     trains_drafters = True
     compiles = True

@@ -1,7 +1,8 @@
 """``target=toy_continuous``: the toy scenes as 8x8 grids of 16-dim PCA patch tokens, a MAR target
 and a smaller MAR draft (coolsd.toy.continuous; weights shipped in coolsd/toy/assets/continuous_*).
 Drafts: the shipped draft (``draft=toy_continuous``) or the target itself (``draft=self``).
-Quality: ``toy_fid`` and ``toy_clip`` with the discrete toy world's feature network."""
+Quality: ``toy_fid`` and ``toy_clip`` with the discrete toy world's feature network. A prompt file's
+captions (``dataset=prompts``) must each name a whole toy scene (``check_toy_captions``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -13,9 +14,10 @@ from coolsd.engine.continuous.generate import HeadConfig
 from coolsd.toy.continuous import load_toy_continuous, scene_labels
 from coolsd.toy.load_assets import ASSETS_DIR
 from coolsd.worlds.base import ContinuousWorld, draft_kind
+from coolsd.worlds.files import run_missing_inputs
 from coolsd.worlds.presentation import CONTINUOUS_COLUMNS, Column, Presentation
 from coolsd.worlds.schema import HeadSchema, TargetSchema
-from coolsd.worlds.toy import FEATURES, toy_quality, toy_reference
+from coolsd.worlds.toy import FEATURES, check_toy_captions, toy_quality, toy_reference, toy_scene
 
 
 @dataclass
@@ -33,6 +35,14 @@ class ToyContinuousWorld(ContinuousWorld):
     @classmethod
     def quality(cls, outputs, prompts, files):
         return toy_quality(outputs, prompts, None, files["features"])
+
+    @classmethod
+    def missing_files(cls, cfg) -> list[str]:
+        return run_missing_inputs(cfg, [])  # its weights are shipped; the data set's inputs (a prompt file)
+
+    @classmethod
+    def check_prompts(cls, prompts, path):
+        check_toy_captions(prompts, path, whole_scenes=True)  # it conditions on a scene's labels, not on words
 
     @classmethod
     def load(cls, cfg) -> "ToyContinuousWorld":
@@ -56,7 +66,7 @@ class ToyContinuousWorld(ContinuousWorld):
         return {"sha256": self.assets.manifest["sha256"], "draft": self.draft_kind, "features": features}
 
     def labels(self, prompts) -> torch.Tensor:
-        return scene_labels(prompts)
+        return scene_labels([toy_scene(p) for p in prompts])  # a prompt file's: the scenes its captions name
 
     def decode_uint8(self, tokens):
         return self.assets.codec.decode(tokens)

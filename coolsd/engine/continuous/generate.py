@@ -52,7 +52,7 @@ import numpy as np
 import torch
 
 from coolsd.engine.continuous.cspd import verify_exact, verify_paper
-from coolsd.engine.continuous.diffusion import HeadSample, Schedule, aligned_sample
+from coolsd.engine.continuous.diffusion import HeadSample, Schedule, aligned_sample, check_sampler
 from coolsd.engine.continuous.flow import (DEFAULT_FINAL_STD, FlowConfig, cfg_schedule, guide, schedule_log_var_sum,
                                            time_grid, transition)
 from coolsd.engine.model_protocol import NULL_LABEL
@@ -73,12 +73,15 @@ class HeadConfig:
     temperature: float = 1.0
     order: str = "random"
     clip_x0: float | None = None  # clamp x0_hat to [-c, c] (None: MAR's unclipped chain)
+    sampler: str = "ddpm"  # the head's chain: ddpm (MAR's) or ddim (coolsd.engine.continuous.diffusion)
+    eta: float = 0.0  # DDIM's noise scale in [0, 1] (0: deterministic steps k >= 1); ddpm: 0
     num_iter: int | None = None  # AR steps: None = one token a step; n = MaskGIT-cosine steps (``maskgit_steps``)
 
     def __post_init__(self):
         for name, value, valid in (("order", self.order, ORDERS), ("cfg_schedule", self.cfg_schedule, CFG_SCHEDULES)):
             if value not in valid:
                 raise ValueError(f"unknown {name} {value!r}; valid: {', '.join(valid)}")
+        check_sampler(self.sampler, self.eta)
         if self.steps < 2:
             raise ValueError(f"steps (diffusion steps of the head) must be >= 2, got {self.steps}")
         if self.temperature <= 0:
@@ -147,12 +150,12 @@ def _f64(h: HeadSample) -> HeadSample:
 
 class DiffusionFamily:
     """MAR-style models: ``model.conditions(tokens, known, labels)`` gives one condition per position
-    (both CFG branches in one batch), ``model.head`` runs the aligned DDPM chain of each token
-    (``coolsd.engine.continuous.diffusion``); the steps of ``maskgit_steps``."""
+    (both CFG branches in one batch), ``model.head`` runs the aligned DDPM or DDIM chain of each
+    token (``hc.sampler``, ``coolsd.engine.continuous.diffusion``); one token per step."""
 
     def __init__(self, model, hc: HeadConfig):
         self.hc, self.L, self.C = hc, model.config.seq_len, model.config.token_dim
-        self.sched = Schedule.respaced(hc.steps)
+        self.sched = Schedule.respaced(hc.steps, sampler=hc.sampler, eta=hc.eta)
         self.chain_steps = self.sched.K
         self.bounds, known = maskgit_steps(self.L, hc.num_iter)
         self.n_steps = len(self.bounds) - 1

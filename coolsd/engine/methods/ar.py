@@ -1,12 +1,14 @@
 """Plain autoregressive decoding: the target alone (tau = 1), in every family."""
 from coolsd.engine.decoding.trees import EMPTY_TREE
-from coolsd.engine.methods.cspd import ContinuousMethod
+from coolsd.engine.methods.cspd import HEAD_PARAMS, ContinuousMethod, check_head_params
 from coolsd.engine.methods.registry import register_method
 
 
-@register_method("ar", families=("discrete", "continuous"), lossless=True, drafter="none")
-def ar(ctx):
+# sampler / eta / head_steps: continuous targets only (the target's head settings overridden, as cspd's)
+@register_method("ar", families=("discrete", "continuous"), lossless=True, drafter="none", params=HEAD_PARAMS,
+                 checks=(check_head_params,))
+def ar(ctx, sampler=None, eta=None, head_steps=None):
     """The target alone, one token a forward (the speed-up reference)."""
     if ctx.family == "continuous":
-        return ContinuousMethod(name="ar")
+        return ContinuousMethod(name="ar", sampler=sampler, eta=eta, head_steps=head_steps)
     return None, EMPTY_TREE

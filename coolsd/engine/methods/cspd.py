@@ -6,15 +6,42 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from coolsd.engine.continuous.generate import MODES, VERIFY, ar_generate, check_settings, cspd_generate
+from coolsd.engine.continuous.diffusion import SAMPLERS, check_sampler
+from coolsd.engine.continuous.generate import MODES, VERIFY, HeadConfig, ar_generate, check_settings, cspd_generate
 from coolsd.engine.methods.registry import Param, register_method
 
 CONTINUOUS_METHODS = ("ar", "cspd")
 
+# the method's overrides of the target's diffusion-head settings (HeadConfig), shared by cspd and its
+# baseline ar so that a speed-up compares one sampler (docs/methods.md#5-continuous-speculative-decoding)
+HEAD_PARAMS = {
+    "sampler": Param(None, str, choices=SAMPLERS, nullable=True, families=("continuous",),
+                     doc="the head's chain: ddpm or ddim (null: the target's head.sampler)"),
+    "eta": Param(None, float, low=0, high=1, nullable=True, families=("continuous",),
+                 doc="DDIM's noise scale, 0 = deterministic steps (null: the target's head.eta)"),
+    "head_steps": Param(None, int, low=2, nullable=True, families=("continuous",),
+                        doc="respaced diffusion steps of the head (null: the target's head.steps)"),
+}
+
+
+def check_head_params(p: dict) -> None:
+    """sampler and eta together (``check_sampler``): eta != 0 needs ddim, or the target's sampler (null)."""
+    check_sampler("ddim" if p["sampler"] is None else p["sampler"], 0.0 if p["eta"] is None else p["eta"])
+
+
+def refuse_flow_head_params(params: dict) -> None:
+    """A flow target (``FlowConfig``: xAR's Euler-Maruyama sampler) has no diffusion head to override."""
+    given = [f"method.{k}={params[k]}" for k in HEAD_PARAMS if params.get(k) is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)}: a flow target (FlowConfig, xAR's Euler-Maruyama sampler) has no "
+                         f"diffusion head, so no ddpm/ddim sampler, eta or head steps; leave them null "
+                         f"(its steps: target.flow.num_steps)")
+
 
 @dataclass(frozen=True)
 class ContinuousMethod:
-    """``ar`` (the target alone) or ``cspd`` (conf/method/cspd.yaml)."""
+    """``ar`` (the target alone) or ``cspd`` (conf/method/cspd.yaml). ``sampler`` / ``eta`` /
+    ``head_steps``: the target's ``HeadConfig`` with these in place (None: the target's own)."""
 
     name: str = "cspd"
     gamma: int = 8
@@ -24,6 +51,9 @@ class ContinuousMethod:
     max_rounds: int = 100
     final_std: float | None = None
     inner_temperature: float = 1.0
+    sampler: str | None = None
+    eta: float | None = None
+    head_steps: int | None = None
     family = "continuous"
 
     def __post_init__(self):
@@ -31,26 +61,50 @@ class ContinuousMethod:
             raise ValueError(f"continuous targets run method={' or method='.join(CONTINUOUS_METHODS)}, not {self.name!r}")
         check_settings(self.gamma, self.mode, self.verify, self.prefill, self.max_rounds, self.final_std,
                        self.inner_temperature)
+        check_head_params({"sampler": self.sampler, "eta": self.eta})  # with the target's sampler: at generate
+        if self.head_steps is not None and (isinstance(self.head_steps, bool) or int(self.head_steps) != self.head_steps
+                                            or self.head_steps < 2):
+            raise ValueError(f"head_steps (diffusion steps of the head) must be an integer >= 2, got {self.head_steps!r}")
 
     @property
     def final_noise(self) -> bool:  # the exact rule samples the final step (continuous_sd.md 2.9)
         return self.mode == "exact"
 
+    def _head_record(self) -> dict:
+        return {k: getattr(self, k) for k in HEAD_PARAMS if getattr(self, k) is not None}
+
     def describe(self) -> dict:
         """Record parameters (``method`` first, as the discrete methods'); AR names only how it
-        samples: the exact mode's baseline has a stochastic final step."""
+        samples: the exact mode's baseline has a stochastic final step. The head overrides appear
+        when set (records of runs before them are unchanged)."""
         if self.name == "ar":
             return {"method": "ar", **({"final_noise": True} if self.final_noise else {}),
-                    **({"final_std": self.final_std} if self.final_std is not None else {})}
-        d = dataclasses.asdict(self)
-        return {"method": d.pop("name"), **d}
+                    **({"final_std": self.final_std} if self.final_std is not None else {}), **self._head_record()}
+        d = {k: v for k, v in dataclasses.asdict(self).items() if k not in HEAD_PARAMS}
+        return {"method": d.pop("name"), **d, **self._head_record()}
 
     def baseline(self) -> "ContinuousMethod":
-        """The target alone, sampled as this method samples (the exact mode's final-step noise)."""
+        """The target alone, sampled as this method samples (the exact mode's final-step noise, the
+        head overrides)."""
         return dataclasses.replace(self, name="ar")
+
+    def head_config(self, head):
+        """The sampling settings this method runs: the target's ``head`` with the overrides in place
+        (validated by ``HeadConfig``); ``sampler=ddpm`` without ``eta`` sets eta = 0. A flow target's
+        ``FlowConfig`` with any override is refused."""
+        over = {"sampler": self.sampler, "eta": self.eta, "steps": self.head_steps}
+        over = {k: v for k, v in over.items() if v is not None}
+        if not over:
+            return head
+        if not isinstance(head, HeadConfig):
+            refuse_flow_head_params(self._head_record())
+        if self.sampler == "ddpm" and self.eta is None:
+            over["eta"] = 0.0
+        return dataclasses.replace(head, **over)
 
     def generate(self, target, draft, labels, seeds, head):
         """One batch through the continuous loop: the target alone (``ar``) or CSpD."""
+        head = self.head_config(head)
         if self.name == "ar":
             return ar_generate(target, labels, seeds, head, final_noise=self.final_noise, final_std=self.final_std)
         return cspd_generate(target, draft, labels, seeds, head, gamma=self.gamma, mode=self.mode, verify=self.verify,
@@ -61,7 +115,7 @@ class ContinuousMethod:
 # lossless only with the exact rule AND prefix verification (docs/methods.md#5-continuous-speculative-decoding):
 # parallel verification keeps every token, with no rollback
 @register_method("cspd", families=("continuous",), lossless=lambda p: p["mode"] == "exact" and p["verify"] == "prefix",
-                 params={
+                 checks=(check_head_params,), params={
     "gamma": Param(8, int, low=1, doc="drafted steps a round (a step: one token, or a flow model's unit)"),
     "mode": Param("paper", str, choices=MODES, doc="paper: the paper's rule; exact: the exact-prefix rule"),
     "verify": Param("parallel", str, choices=VERIFY),
@@ -69,7 +123,9 @@ class ContinuousMethod:
     "max_rounds": Param(100, int, low=1, doc="rejection-sampling rounds before a fallback"),
     "final_std": Param(None, float, low=0, low_open=True, nullable=True),
     "inner_temperature": Param(1.0, float, low=0, low_open=True),
+    **HEAD_PARAMS,
 })
-def cspd(ctx, gamma, mode, verify, prefill, max_rounds, final_std, inner_temperature):
+def cspd(ctx, gamma, mode, verify, prefill, max_rounds, final_std, inner_temperature, sampler, eta, head_steps):
     """Continuous speculative decoding: a draft diffusion-head or flow model's tokens verified by the target's."""
-    return ContinuousMethod("cspd", gamma, mode, verify, prefill, max_rounds, final_std, inner_temperature)
+    return ContinuousMethod("cspd", gamma, mode, verify, prefill, max_rounds, final_std, inner_temperature, sampler,
+                            eta, head_steps)

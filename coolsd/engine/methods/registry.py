@@ -46,7 +46,9 @@ class Param:
     """One method parameter: its default and what values are valid. ``kind``: ``int``, ``float``
     (any finite real; ints accepted), ``str`` or ``bool``; ``low`` / ``high`` bounds (``low_open`` /
     ``high_open``: strict); ``choices``: the valid values; ``nullable``: None allowed (and then
-    means what the builder says)."""
+    means what the builder says); ``families``: the families the parameter applies to (None: all
+    of the method's); in another family it must keep its default and is left out of the resolved
+    parameters (``check_method``), so records there do not change."""
 
     default: Any
     kind: type = float
@@ -56,6 +58,7 @@ class Param:
     high_open: bool = False
     choices: Optional[tuple] = None
     nullable: bool = False
+    families: Optional[tuple] = None
     doc: str = ""
 
     def problem(self, value) -> Optional[str]:
@@ -192,13 +195,20 @@ def method_params(name: str) -> dict:
 
 def check_method(name: str, family: str, params) -> dict:
     """The method's name and family, and its parameters' names and values (``check_params``), with
-    nothing built: the check before any model loads. Returns the resolved parameters."""
+    nothing built: the check before any model loads. Returns the resolved parameters, less those
+    that apply to other families only (``Param.families``; set in this family: a ``ParamError``)."""
     info = method_info(name)
     if family not in info.families:
         raise ValueError(f"method={name} does not run on {family} targets (it runs on {', '.join(info.families)} "
                          f"ones); methods for {family} targets: "
                          f"{', '.join(n for n in method_names(family) if not n.startswith('_'))}")
-    return check_params(name, params)
+    resolved = check_params(name, params)
+    for k, p in info.params.items():
+        if p.families is not None and family not in p.families:
+            if resolved[k] != p.default:
+                raise ParamError(name, k, resolved[k], f"applies to {' and '.join(p.families)} targets only")
+            del resolved[k]
+    return resolved
 
 
 class ParamError(ValueError):
