@@ -54,3 +54,36 @@ def test_a_bad_tokenizer_file_is_one_line_naming_it(harmon_cfg, tmp_path):
 def test_bad_architectures_are_refused_before_loading(harmon_cfg, arch, match):
     with pytest.raises(ValueError, match=match):
         load_world(harmon_cfg(f"target.arch={arch}"))
+
+
+def test_a_ddim_head_runs_on_harmon_through_run_py(compose, world_overrides, tmp_path):
+    """``run.py target=harmon_1_5b method=cspd method.sampler=ddim method.head_steps=4``: the head's
+    sampler reaches Harmon's DiffLoss head (the records carry it, the baseline shares it) and the
+    target drafting for itself (exact, prefix) accepts every token and reproduces the baseline's
+    images bit for bit; DDIM's images differ from DDPM's at the same seeds."""
+    import json
+
+    import numpy as np
+    from PIL import Image
+
+    from coolsd.cli.runner import run
+
+    def images(out, method):
+        recs = [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]
+        return recs, {r["prompt_index"]: np.asarray(Image.open(out / r["image"])) for r in recs if r["method"] == method}
+
+    outs = {}
+    for s in ("ddim", "ddpm"):
+        out = tmp_path / s
+        tiny = [o for o in world_overrides("harmon_1_5b") if not o.startswith("draft")]  # the target drafts
+        summary = run(compose(*tiny, "method=cspd", "dataset.n_prompts=2", "draft=self", "method.gamma=3", "method.mode=exact",
+                                 "method.verify=prefix", f"method.sampler={s}", "method.head_steps=4",
+                                 "deterministic.batch_invariant=true", f"+out_dir={out}"))
+        recs, cspd = images(out, "cspd")
+        assert {r["params"]["sampler"] for r in recs} == {s} and {r["params"]["head_steps"] for r in recs} == {4}
+        assert summary["results"]["cspd"]["acceptance_rate"]["mean"] == 1.0
+        _, ar = images(out, "ar")
+        assert all(np.array_equal(cspd[i], ar[i]) for i in ar)
+        outs[s] = ar
+    a, b = outs.values()
+    assert any(not np.array_equal(a[i], b[i]) for i in a)
