@@ -22,7 +22,7 @@ run: $(STAMP)
 	$(VPY) run.py
 
 test: $(STAMP)
-	$(VPY) -m pytest -q
+	$(VPY) -m pytest -q --durations=20
 
 theory: $(STAMP)
 	$(VPY) -m coolsd.theory
