@@ -93,8 +93,12 @@ def fixture_model(upstream, tmp_path_factory):
 
 
 def assert_close(ours, theirs, tol, what):
+    """Max abs error within ``tol`` times the upstream output's scale (at least 1): fp32 rounding grows
+    with the values, and another CPU's GEMM kernels round differently from the machine that made the
+    fixture (velocities of scale 3.2: 0.0 on that Intel Xeon, 4.2e-5 on an AMD EPYC)."""
     err = (ours.double() - theirs.double()).abs().max().item()
-    assert err <= tol, f"{what}: max abs {err:.3g} > {tol:g} (upstream scale {theirs.abs().max().item():.3g})"
+    scale = theirs.abs().max().item()
+    assert err <= tol * max(1.0, scale), f"{what}: max abs {err:.3g} > {tol:g} x scale {scale:.3g}"
 
 
 def test_network_without_cache_matches_upstream(upstream, fixture_model):
