@@ -23,6 +23,17 @@ import factories  # noqa: E402
 from coolsd.theory import TabularAR  # noqa: E402
 
 
+@pytest.fixture(scope="session", autouse=True)
+def empty_hub_cache(tmp_path_factory):
+    """Tests never read the user's Hugging Face cache nor reach the hub: an empty cache of their
+    own (``HF_HUB_CACHE``, subprocesses included) and ``HF_HUB_OFFLINE=1``. A hub value
+    (``hf://...``, the real targets' defaults) is then 'not in the cache' unless a test fills it."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_CACHE", str(tmp_path_factory.mktemp("hf_hub_cache")))
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        yield
+
+
 @pytest.fixture(scope="session")
 def lab_pair():
     """A target and a drafter at a moderate distance (V=3, N=4)."""

@@ -162,11 +162,57 @@ def write_llamagen_files(d: Path) -> dict:
     return {"gpt": d / "gpt.pt", "vq": d / "vq.pt", "t5": d / "t5", "drafter": d / "drafter", "model": gpt}
 
 
+def write_hub_repo(cache: Path, repo: str, files: dict, commit: str = "0" * 40, ref: str = "main") -> Path:
+    """A repo of the Hugging Face hub cache ``cache`` in the library's own layout: every file's
+    content once under ``blobs/<sha256>``, linked from ``snapshots/<commit>/<path>``, and
+    ``refs/<ref>`` naming the commit. ``files``: {path in the repo: a local file, or a folder whose
+    files go under that path}. Returns the snapshot folder."""
+    import hashlib
+    import os
+    import shutil
+
+    root = cache / ("models--" + repo.replace("/", "--"))
+    snap = root / "snapshots" / commit
+    pairs = []
+    for dest, src in files.items():
+        src = Path(src)
+        if src.is_dir():
+            pairs += [(f"{dest}/{f.relative_to(src).as_posix()}".lstrip("/"), f) for f in sorted(src.rglob("*"))
+                      if f.is_file()]
+        else:
+            pairs.append((dest, src))
+    for dest, src in pairs:
+        blob = root / "blobs" / hashlib.sha256(src.read_bytes()).hexdigest()
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        if not blob.exists():
+            shutil.copyfile(src, blob)
+        link = snap / dest
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    (root / "refs").mkdir(parents=True, exist_ok=True)
+    (root / "refs" / ref).write_text(commit)
+    return snap
+
+
+def write_llamagen_hub_cache(cache: Path, files: dict) -> Path:
+    """The tiny LlamaGen files (``write_llamagen_files``) where ``conf/target/llamagen_xl.yaml`` and
+    ``conf/draft/llamagen_xl.yaml`` name them by hub id, in a hub cache ``cache``."""
+    write_hub_repo(cache, "peizesun/llamagen_t2i", {"t2i_XL_stage1_256.pt": files["gpt"], "vq_ds16_t2i.pt": files["vq"]},
+                   commit="1" * 40)
+    write_hub_repo(cache, "google/flan-t5-xl", {"": files["t5"]}, commit="2" * 40)
+    write_hub_repo(cache, "jadohu/llamagen_drafter", {"": files["drafter"]}, commit="3" * 40)
+    return cache
+
+
+def llamagen_tiny_settings() -> list[str]:
+    """The overrides that run ``target=llamagen_xl`` on its tiny files, file paths excepted."""
+    return ["target.device=cpu", "target.dtype=float32", "target.t5_dtype=float32",
+            f"target.gpt_config={_braced(TINY_GPT)}", f"+target.vq_config={_braced(TINY_LLAMAGEN_VQ)}"]
+
+
 def llamagen_overrides(files: dict) -> list[str]:
     return [f"target.files.gpt={files['gpt']}", f"target.files.vq={files['vq']}", f"target.files.t5={files['t5']}",
-            f"draft.path={files['drafter']}", "target.device=cpu", "target.dtype=float32", "target.t5_dtype=float32",
-            f"target.gpt_config={_braced(TINY_GPT)}",
-            f"+target.vq_config={_braced(TINY_LLAMAGEN_VQ)}"]
+            f"draft.path={files['drafter']}", *llamagen_tiny_settings()]
 
 
 # ------------------------------------------------------------------------------ Lumina-mGPT files

@@ -13,7 +13,10 @@ FID, torchmetrics CLIPScore ViT-B/16 x100; ``coolsd.metrics.protocols``). Writte
 protocol. Every input the requested metrics need under that protocol (the run folder, CLIP
 folder, Inception weights, COCO val2017 images, PartiPrompts TSV, ImageReward files) is checked
 before any network loads, and every missing one is listed at once with the flag that sets it and
-its environment variable (``metric_missing_inputs``).
+its environment variable (``metric_missing_inputs``). Without the flag or the variable, an input
+that is on the Hugging Face hub (the CLIP folders, ImageReward's files) defaults to its hub id
+(``HUB_DEFAULTS``), read from the local hub cache, never downloaded here: ``python -m
+coolsd.cli.download metrics=...`` fetches it.
 
 Device and precision (``coolsd.metrics.numerics``): ``--device`` defaults to ``cuda`` when
 ``torch.cuda.is_available()``, else ``cpu``, and the choice is printed first and recorded in
@@ -33,8 +36,8 @@ from pathlib import Path
 import numpy as np
 
 from coolsd.cli.runner import one_line_errors
-from coolsd.metrics.clip_score import ClipScorer, snapshot_dir
-from coolsd.metrics.clip_torchmetrics import TorchmetricsClipScorer
+from coolsd.metrics.clip_score import CLIP_HF_REPO, ClipScorer, snapshot_dir
+from coolsd.metrics.clip_torchmetrics import SJD_CLIP_HF_REPO, TorchmetricsClipScorer
 from coolsd.metrics.fid import bootstrap_fid_ci
 from coolsd.metrics.image_prep import load_rgb
 from coolsd.metrics.image_reward import INSTALL, SOURCE as IR_SOURCE, ImageRewardScorer
@@ -50,10 +53,11 @@ from coolsd.metrics.protocols import (
     read_parti_prompts,
 )
 from coolsd.metrics.reference import COCO_IMAGES_SOURCE, coco_image_files, reference_statistics
+from coolsd.util import hub
 from coolsd.util.loading import MissingInputFile
 from coolsd.util.records import resume_records, write_json_atomic
 from coolsd.util.stats import mean_ci
-from coolsd.worlds.files import Need, file_identity, require_inputs
+from coolsd.worlds.files import DOWNLOAD, Need, file_identity, require_inputs
 
 METRICS = ("clip_score", "fid", "image_reward")
 
@@ -169,10 +173,33 @@ FIXED_INPUTS = {  # flag -> (environment variable, name in errors); the protocol
 }
 
 
+# protocol -> flag -> its default without the flag and its environment variable: the hub id of an
+# input that is on the Hugging Face hub (coolsd.util.hub; the others have no default)
+_IMAGE_REWARD_HUB = {"--ir-checkpoint": "hf://THUDM/ImageReward/ImageReward.pt",
+                     "--ir-med-config": "hf://THUDM/ImageReward/med_config.json"}
+HUB_DEFAULTS = {"lantern": {"--clip": f"hf://{CLIP_HF_REPO}", **_IMAGE_REWARD_HUB},
+                "sjd": {"--clip": f"hf://{SJD_CLIP_HF_REPO}", **_IMAGE_REWARD_HUB}}
+# what a hub CLIP folder is fetched with: config, tokenizer files, one weight format
+CLIP_FETCH = ("*.json", "*.txt", ("model.safetensors", "pytorch_model.bin"))
+
+
 def input_env(protocol: str, flag: str):
     """The environment variable of a flag's default under a protocol (None: none)."""
 
     return INPUTS[protocol][flag][0] if flag in INPUTS[protocol] else FIXED_INPUTS[flag][0]
+
+
+def fill_defaults(a) -> None:
+    """Every input flag not given: from its environment variable under ``a.protocol``, else its hub id."""
+    for flag in INPUT_FLAGS:
+        dest, env = flag[2:].replace("-", "_"), input_env(a.protocol, flag)
+        if getattr(a, dest, None) is None:
+            setattr(a, dest, (os.environ.get(env) if env else None) or HUB_DEFAULTS[a.protocol].get(flag))
+
+
+def download_command(protocol: str, wanted) -> str:
+    """The command that fetches the hub inputs of the ``wanted`` metrics under ``protocol``."""
+    return f"{DOWNLOAD} metrics={','.join(wanted)}" + (f" protocol={protocol}" if protocol != "lantern" else "")
 
 
 def input_needs(a, wanted) -> list:
@@ -181,7 +208,8 @@ def input_needs(a, wanted) -> list:
 
     protocol = getattr(a, "protocol", "lantern")
     weights = FID_PROTOCOLS[protocol]["weights_name"]
-    value = {"--clip": a.clip and snapshot_dir(a.clip), "--inception": a.inception or default_inception_path(weights),
+    clip = a.clip if hub.is_hub(a.clip) else a.clip and snapshot_dir(a.clip)
+    value = {"--clip": clip, "--inception": a.inception or default_inception_path(weights),
              "--coco-images": a.coco_images, "--parti-tsv": getattr(a, "parti_tsv", None),
              "--ir-checkpoint": a.ir_checkpoint, "--ir-med-config": a.ir_med_config, "--ir-python": a.ir_python}
     kind = {flag: (folder, contains, source) for flag, (_, _, source, folder, contains) in INPUTS[protocol].items()}
@@ -195,13 +223,22 @@ def input_needs(a, wanted) -> list:
             continue
         if set(metrics) & set(wanted):
             name = INPUTS[protocol][flag][1] if flag in INPUTS[protocol] else FIXED_INPUTS[flag][1]
-            needs.append(Need(name, flag, value[flag], kind[flag][2], input_env(protocol, flag), *kind[flag][:2]))
+            needs.append(Need(name, flag, value[flag], kind[flag][2], input_env(protocol, flag), *kind[flag][:2],
+                              CLIP_FETCH if flag == "--clip" else ()))
     return needs
 
 
 def metric_missing_inputs(a, wanted) -> list[str]:
     """One line per unusable input of the requested metrics, each naming its flag and variable."""
-    return [p for n in input_needs(a, wanted) if (p := n.problem()) is not None]
+    download = download_command(getattr(a, "protocol", "lantern"), wanted)
+    return [p for n in input_needs(a, wanted) if (p := n.problem(download)) is not None]
+
+
+def use_local_inputs(a, wanted) -> None:
+    """Every hub value among the inputs (checked first) replaced by its cached local path."""
+    for n in input_needs(a, wanted):
+        if hub.is_hub(n.path):
+            setattr(a, n.key[2:].replace("-", "_"), str(n.local()))
 
 
 def choose_device(device) -> tuple[str, str]:
@@ -232,10 +269,7 @@ def main(argv=None) -> dict:
     a.device, why = choose_device(a.device)  # before any input is read: a missing CUDA is refused first
     print(f"metrics on {a.device} ({why}), float32 with TF32 off")
     check_protocol(a.protocol)
-    for flag in INPUT_FLAGS:  # defaults from the protocol's environment variables
-        dest, env = flag[2:].replace("-", "_"), input_env(a.protocol, flag)
-        if getattr(a, dest) is None and env:
-            setattr(a, dest, os.environ.get(env))
+    fill_defaults(a)  # the protocol's environment variables, else the hub ids
     wanted = [m.strip() for m in a.metrics.split(",") if m.strip()]
     unknown = sorted(set(wanted) - set(METRICS))
     if unknown:
@@ -246,6 +280,7 @@ def main(argv=None) -> dict:
         raise SystemExit("no FID on PartiPrompts (no reference images; the SJD papers report only CLIP score there): "
                          "use --metrics clip_score")
     require_inputs("python -m coolsd.cli.evaluate", metric_missing_inputs(a, wanted))  # every missing input at once
+    use_local_inputs(a, wanted)
     run_images(a.run)  # the run folder's records and images, before loading anything
     kw = build_scorers(wanted, clip=a.clip, inception=a.inception, coco_images=a.coco_images, ir_checkpoint=a.ir_checkpoint,
                        ir_med_config=a.ir_med_config, ir_python=a.ir_python, device=a.device, cache_dir=a.cache_dir,

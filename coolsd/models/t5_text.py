@@ -22,6 +22,9 @@ from coolsd.models.caption_clean import preprocess_caption
 from coolsd.util.loading import MissingInputFile, reading
 
 T5_SOURCE = "https://huggingface.co/google/flan-t5-xl (the whole folder: config.json, tokenizer files, weights)"
+# what a FLAN-T5 folder is fetched with from the hub: config, tokenizer files and one weight format
+# (the first of safetensors or .bin the repo has; ``coolsd.worlds.files.Need.fetch``)
+T5_FILES = ("*.json", "spiece.model", ("*.safetensors", "*.bin"))
 
 
 def left_pad(embs: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,7 +10,7 @@ import importlib
 import pkgutil
 
 from coolsd.worlds.base import REGISTERED
-from coolsd.worlds.files import require_files
+from coolsd.worlds.files import require_files, with_local_files
 
 
 def _discover() -> dict:
@@ -40,10 +40,11 @@ def target_schemas() -> dict:
 
 
 def load_world(cfg):
-    """The world of a composed job config, after checking its files (every missing one at once)."""
+    """The world of a composed job config, after checking its files (every missing one at once);
+    it loads the cached local copies of hub values (``hf://...``, ``coolsd.worlds.files.with_local_files``)."""
 
     cls = world_class(cfg.target.name)
     require_files(cfg.target.name, cls.missing_files(cfg))
-    world = cls.load(cfg)
+    world = cls.load(with_local_files(cfg, cls.needs(cfg)))
     world.signals = bool(cfg.get("quality_signals", True))
     return world

@@ -5,11 +5,13 @@ A world owns its models (target, drafter options), its prompts' condition encode
 token-to-pixel decoder, the files it needs and its quality metrics; the generation job
 (``coolsd.job.generation``) drives every world through this interface only:
 
-* before anything loads (class methods): ``missing_files(cfg)`` (every missing file at once,
-  with where it comes from), ``prompts(cfg)`` and ``dataset(cfg)`` (the prompt set and what
-  identifies it), ``quality(outputs, prompts, files)`` (per-method quality numbers computed from the
-  records and images: toy metrics for the toy worlds, none for real ones, whose image metrics
-  come from ``python -m coolsd.cli.evaluate``);
+* before anything loads (class methods): ``needs(cfg)`` (the input files of the target and its
+  drafter, ``coolsd.worlds.files.Need``: what the check lists and ``python -m coolsd.cli.download``
+  fetches), ``missing_files(cfg)`` (every missing one at once, with where it comes from),
+  ``prompts(cfg)`` and ``dataset(cfg)`` (the prompt set and what identifies it),
+  ``quality(outputs, prompts, files)`` (per-method quality numbers computed from the records and
+  images: toy metrics for the toy worlds, none for real ones, whose image metrics come from
+  ``python -m coolsd.cli.evaluate``);
 * ``load(cfg)``, then ``build_method``, ``generate`` (a batch of prompts -> one ``Sample``
   per prompt), ``files()`` / ``settings()`` (what binds a run folder to these models and
   sampling settings) and ``reference_images`` (the grid's last row, where the world can draw
@@ -38,7 +40,7 @@ from coolsd.engine.loop import speculative_generate
 from coolsd.engine.methods import build_method
 from coolsd.engine.timing import device_sync
 from coolsd.prompts import load_prompts, prompt_file_dataset
-from coolsd.worlds.files import file_identity
+from coolsd.worlds.files import file_identity, run_missing_inputs
 from coolsd.worlds.presentation import (
     CONTINUOUS_COLUMNS,
     DISCRETE_SPEED_COLUMNS,
@@ -102,9 +104,16 @@ class World(ABC):
 
     # ----------------------------------------------------------------- before anything loads
     @classmethod
-    def missing_files(cls, cfg) -> list[str]:
-        """'name: path (why) -- source' for every file the target and its drafter need but lack."""
+    def needs(cls, cfg) -> list:
+        """The ``Need`` of every input file of the configured target and drafter (the data set's
+        are ``coolsd.worlds.files.dataset_needs``): the one list the check and the download read."""
         return []
+
+    @classmethod
+    def missing_files(cls, cfg) -> list[str]:
+        """'name: path (why) -- source' for every file the data set, the target and its drafter
+        need but lack (``needs``)."""
+        return run_missing_inputs(cfg, cls.needs(cfg))
 
     @classmethod
     def image_tokens(cls, cfg) -> Optional[int]:

@@ -11,7 +11,6 @@ loaded; image metrics: ``python -m coolsd.cli.evaluate``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Dict, Optional
 
 import numpy as np
@@ -32,9 +31,9 @@ from coolsd.models.llamagen import (
     load_gpt,
 )
 from coolsd.models.llamagen_vq import VQ_16, VQ_SOURCE, VQConfig, load_llamagen_vq
-from coolsd.models.t5_text import T5_SOURCE, T5CaptionEncoder
+from coolsd.models.t5_text import T5_FILES, T5_SOURCE, T5CaptionEncoder
 from coolsd.worlds.base import DiscreteWorld, draft_kind
-from coolsd.worlds.files import DRAFTER_FOLDER, DTYPES, config_need, file_identity, run_missing_inputs
+from coolsd.worlds.files import DRAFTER_FOLDER, DTYPES, config_need, file_identity
 from coolsd.worlds.presentation import REAL_TARGET_HINT, Presentation
 from coolsd.worlds.schema import TokenTargetSchema
 
@@ -65,18 +64,21 @@ class LlamaGenWorld(DiscreteWorld):
         return read_captions(path)
 
     @classmethod
-    def missing_files(cls, cfg) -> list[str]:
+    def needs(cls, cfg) -> list:
         # target.files.gpt: the official .pt file, or a folder in LANTERN's HF layout (config.json + weights)
-        gpt = config_need(cfg, "target.files.gpt", "gpt", f"{GPT_SOURCE}, or the folder from {HF_SOURCE}")
-        if gpt.path not in (None, "", "null"):
-            is_dir = Path(str(gpt.path)).is_dir()
+        gpt = config_need(cfg, "target.files.gpt", "gpt", f"{GPT_SOURCE}, or the folder from {HF_SOURCE}",
+                          fetch=("config.json", HF_WEIGHTS))
+        local = gpt.local()
+        if local is not None:
+            is_dir = local.is_dir()
             gpt = gpt._replace(folder=is_dir, contains=("config.json", HF_WEIGHTS) if is_dir else ())
         needs = [gpt,
                  config_need(cfg, "target.files.vq", "vq", VQ_SOURCE, folder=False),
-                 config_need(cfg, "target.files.t5", "t5", T5_SOURCE, folder=True, contains=("config.json",))]
+                 config_need(cfg, "target.files.t5", "t5", T5_SOURCE, folder=True, contains=("config.json",),
+                             fetch=T5_FILES)]
         if (cfg.get("draft") or {}).get("kind") == "eagle":
             needs.append(config_need(cfg, "draft.path", "drafter", DRAFTER_SOURCE, folder=True, contains=DRAFTER_FOLDER))
-        return run_missing_inputs(cfg, needs)
+        return needs
 
     @classmethod
     def image_tokens(cls, cfg) -> int:

@@ -28,7 +28,7 @@ from coolsd.models.eagle.training import read_captions
 from coolsd.models.lumina import LuminaTarget, load_lumina_target, prompt_ids
 from coolsd.util.loading import reading
 from coolsd.worlds.base import DiscreteWorld, draft_kind
-from coolsd.worlds.files import DRAFTER_FOLDER, DTYPES, config_need, file_identity, run_missing_inputs
+from coolsd.worlds.files import DRAFTER_FOLDER, DTYPES, config_need, file_identity
 from coolsd.worlds.presentation import REAL_TARGET_HINT, Presentation
 from coolsd.worlds.schema import TokenTargetSchema
 
@@ -90,15 +90,16 @@ class LuminaWorld(DiscreteWorld):
         return (int(cfg.target.image_size) // _vq_config(cfg.target).downsample) ** 2
 
     @classmethod
-    def missing_files(cls, cfg) -> list[str]:
+    def needs(cls, cfg) -> list:
         needs = [
-            config_need(cfg, "target.files.model", "model", SOURCES["model"], folder=True, contains=("config.json",)),
+            config_need(cfg, "target.files.model", "model", SOURCES["model"], folder=True, contains=("config.json",),
+                        fetch=("*.json", "*.safetensors")),
             config_need(cfg, "target.files.vqgan", "vqgan", SOURCES["vqgan"], folder=False),
             config_need(cfg, "target.files.text_tokenizer", "text_tokenizer", SOURCES["text_tokenizer"], folder=False)]
         if (cfg.get("draft") or {}).get("kind") == "eagle":
             needs.append(config_need(cfg, "draft.path", "drafter", LUMINA_DRAFTER_SOURCE, folder=True,
                                      contains=DRAFTER_FOLDER))
-        return run_missing_inputs(cfg, needs)
+        return needs
 
     @classmethod
     def load(cls, cfg) -> "LuminaWorld":

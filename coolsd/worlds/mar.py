@@ -18,7 +18,7 @@ from coolsd.engine.continuous.generate import HeadConfig
 from coolsd.models.kl16_vae import KL16_SOURCE, decode_tokens
 from coolsd.models.mar import MAR_CONFIGS, MAR_SOURCE, MARConfig, load_mar
 from coolsd.worlds.base import ContinuousWorld, draft_kind
-from coolsd.worlds.files import DTYPES, architecture, config_need, file_identity, load_kl16_vae, run_missing_inputs
+from coolsd.worlds.files import DTYPES, architecture, config_need, file_identity, load_kl16_vae
 from coolsd.worlds.schema import HeadSchema, TargetSchema
 
 
@@ -68,12 +68,12 @@ class KL16World(ContinuousWorld):
         return []
 
     @classmethod
-    def missing_files(cls, cfg) -> list[str]:
+    def needs(cls, cfg) -> list:
         needs = [config_need(cfg, "target.files.checkpoint", "checkpoint", cls.source, folder=False),
                  config_need(cfg, "target.files.vae", "vae", KL16_SOURCE, folder=False), *cls.extra_needs(cfg)]
         if (cfg.get("draft") or {}).get("kind") == cls.draft_kind:
             needs.append(config_need(cfg, "draft.files.checkpoint", "draft checkpoint", cls.source, folder=False))
-        return run_missing_inputs(cfg, needs)
+        return needs
 
     @classmethod
     def load(cls, cfg) -> KL16World:

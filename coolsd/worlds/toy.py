@@ -33,7 +33,7 @@ from coolsd.toy.scenes import (
 )
 from coolsd.util.loading import BadInputFile
 from coolsd.worlds.base import DiscreteWorld, draft_kind
-from coolsd.worlds.files import DRAFTER_FOLDER, config_need, run_missing_inputs
+from coolsd.worlds.files import DRAFTER_FOLDER, config_need
 from coolsd.worlds.presentation import DISCRETE_SPEED_COLUMNS, SIGNAL_COLUMNS, TOY_COLUMNS, Presentation
 from coolsd.worlds.schema import TokenTargetSchema
 
@@ -137,11 +137,10 @@ class ToyWorld(DiscreteWorld):
         return [s.caption for s in sample_scenes(n, 31_000_000 + seed)]
 
     @classmethod
-    def missing_files(cls, cfg) -> list[str]:
+    def needs(cls, cfg) -> list:
         d = cfg.get("draft") or {}
-        needs = [config_need(cfg, "draft.path", "drafter", "python -m coolsd.cli.train_drafter target=toy", folder=True,
-                             contains=DRAFTER_FOLDER)] if d.get("kind") == "eagle" else []
-        return run_missing_inputs(cfg, needs)  # the data set's inputs too (dataset=coco2017val: its captions)
+        return [config_need(cfg, "draft.path", "drafter", "python -m coolsd.cli.train_drafter target=toy", folder=True,
+                            contains=DRAFTER_FOLDER)] if d.get("kind") == "eagle" else []
 
     @classmethod
     def image_tokens(cls, cfg) -> Optional[int]:

@@ -14,7 +14,6 @@ from coolsd.engine.continuous.generate import HeadConfig
 from coolsd.toy.continuous import load_toy_continuous, scene_labels
 from coolsd.toy.load_assets import ASSETS_DIR
 from coolsd.worlds.base import ContinuousWorld, draft_kind
-from coolsd.worlds.files import run_missing_inputs
 from coolsd.worlds.presentation import CONTINUOUS_COLUMNS, Column, Presentation
 from coolsd.worlds.schema import HeadSchema, TargetSchema
 from coolsd.worlds.toy import FEATURES, check_toy_captions, toy_quality, toy_reference, toy_scene
@@ -35,10 +34,6 @@ class ToyContinuousWorld(ContinuousWorld):
     @classmethod
     def quality(cls, outputs, prompts, files):
         return toy_quality(outputs, prompts, None, files["features"])
-
-    @classmethod
-    def missing_files(cls, cfg) -> list[str]:
-        return run_missing_inputs(cfg, [])  # its weights are shipped; the data set's inputs (a prompt file)
 
     @classmethod
     def check_prompts(cls, prompts, path):

@@ -272,7 +272,8 @@ def test_missing_weights_are_listed_per_protocol(tmp_path, clean_env):
     with pytest.raises(InputFileError) as e:
         main([str(run), "--protocol", "lantern"])
     msg = str(e.value)
-    assert "CLIP model folder: not set (set --clip /path or $CLIP_DIR)" in msg
+    assert ("CLIP model folder: hf://openai/clip-vit-base-patch32 is not in the Hugging Face cache" in msg
+            and "run `python -m coolsd.cli.download metrics=clip_score,fid` (or set --clip /path or $CLIP_DIR)" in msg)
     assert "weights-inception-2015-12-05-6726825d.pth does not exist (set --inception /path or $INCEPTION_WEIGHTS)" in msg
     assert "B/16" not in msg and "PT_INCEPTION" not in msg
     with pytest.raises(InputFileError, match=r"PartiPrompts TSV: .*nope\.tsv does not exist \(set --parti-tsv /path\)"):

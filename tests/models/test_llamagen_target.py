@@ -186,8 +186,9 @@ def test_run_py_without_weights_stops_at_once_listing_missing_files(tmp_path):
     assert proc.returncode != 0 and time.perf_counter() - t0 < 60
     err = proc.stderr
     for name, source in [("gpt", "peizesun/llamagen_t2i"), ("vq", "vq_ds16_t2i.pt"), ("t5", "google/flan-t5-xl"),
-                         ("drafter", "jadohu/llamagen_drafter")]:
-        assert f"{name}: not set" in err and source in err, (name, err[-2000:])
+                         ("drafter", "jadohu/llamagen_drafter")]:  # the defaults are hub ids, not in the (empty) cache
+        assert f"{name}: hf://" in err and source in err, (name, err[-2000:])
+    assert "is not in the Hugging Face cache" in err and "python -m coolsd.cli.download target=llamagen_xl" in err
     assert not (tmp_path / "out" / "samples.jsonl").exists()
     cfg = _compose("target=llamagen_xl", "draft=self", "target.files.gpt=/nowhere/gpt.pt")
     missing = LlamaGenWorld.missing_files(cfg)
@@ -231,7 +232,7 @@ def test_paper_table2_real_target_lists_everything_missing_before_work(tmp_path,
     with pytest.raises(SystemExit) as e:
         main(["--targets", "llamagen_xl", "--records", str(tmp_path / "rec"), "--inception", str(tmp_path / "no.pth")])
     msg = str(e.value)
-    for part in ("gpt: not set", "drafter: not set", "COCO captions", "CLIP model folder", "Inception weights",
+    for part in ("gpt: hf://", "drafter: hf://", "COCO captions", "CLIP model folder", "Inception weights",
                  "COCO val2017 images", "jadohu/llamagen_drafter"):
         assert part in msg, part
     assert not (tmp_path / "rec").exists()

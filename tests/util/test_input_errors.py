@@ -203,10 +203,13 @@ def test_evaluate_lists_every_missing_input_with_its_flag(tmp_path, monkeypatch)
     with pytest.raises(InputFileError) as e:
         main([str(run_dir), "--metrics", "clip_score,fid,image_reward", "--ir-med-config", str(tmp_path / "med.json")])
     msg = str(e.value)
-    for line in ("run folder: ", "CLIP model folder: not set (set --clip /path or $CLIP_DIR)",
+    for line in ("run folder: ", "CLIP model folder: hf://openai/clip-vit-base-patch32 is not in the Hugging Face cache",
+                 "(or set --clip /path or $CLIP_DIR)",
                  "Inception weights: ", "(set --inception /path or $INCEPTION_WEIGHTS)",
                  "COCO val2017 images: not set (set --coco-images /path or $COCO_VAL_IMAGES)",
-                 "ImageReward checkpoint: not set (set --ir-checkpoint /path or $IMAGEREWARD_CKPT)",
+                 "ImageReward checkpoint: hf://THUDM/ImageReward/ImageReward.pt is not in the Hugging Face cache",
+                 "run `python -m coolsd.cli.download metrics=clip_score,fid,image_reward` (or set --ir-checkpoint "
+                 "/path or $IMAGEREWARD_CKPT)",
                  f"ImageReward med_config: {tmp_path / 'med.json'} does not exist (set --ir-med-config"):
         assert line in msg, (line, msg)
     assert "dataset.images" not in msg and "metrics.image_reward" not in msg

@@ -73,7 +73,7 @@ def test_coolsd_without_files_lists_the_drafter_folder_with_its_source(tmp_path,
     assert "drafter: not set (set draft.path=/path or $LUMINA_DRAFTER)" in err, err[-2000:]
     assert "jadohu/LANTERN issue #1" in err and "trained_drafters" in err
     assert "python -m coolsd.cli.train_drafter target=lumina_mgpt" in err
-    assert "model: not set" in err and "Traceback" not in err
+    assert "model: hf://Alpha-VLLM/Lumina-mGPT-7B-768 is not in the Hugging Face cache" in err and "Traceback" not in err
     cfg = _compose("target=lumina_mgpt", "draft=self")
     from coolsd.worlds.lumina import LuminaWorld
 
@@ -169,7 +169,7 @@ def test_paper_table2_lumina_lists_everything_missing_before_work(tmp_path, monk
     with pytest.raises(SystemExit) as e:
         main(["--targets", "lumina_mgpt", "--records", str(tmp_path / "rec"), "--inception", str(tmp_path / "no.pth")])
     msg = str(e.value)
-    for part in ("lumina_mgpt: model: not set", "drafter: not set (set draft.path=/path or $LUMINA_DRAFTER)",
+    for part in ("lumina_mgpt: model: hf://Alpha-VLLM/Lumina-mGPT-7B-768", "drafter: not set (set draft.path=/path or $LUMINA_DRAFTER)",
                  "jadohu/LANTERN issue #1", "COCO captions", "CLIP model folder", "Inception weights"):
         assert part in msg, part
     assert not (tmp_path / "rec").exists()
