@@ -1,6 +1,7 @@
 """The toy sweep behind `make demo`: every method on the same toy prompts at batch 1 on CPU,
 methods interleaved per prompt, against AR from the same run. Writes results/toy/
-{table.md, table.csv, summary.json, pareto.png, pareto.pdf, grid.png, distortion.png, distortion_maps/};
+{table.md, table.csv, summary.json, pareto.png, pareto.pdf, grid.png, distortion.png, distortion_maps/,
+page.html (the comparison page, ``coolsd.report.page``: images embedded, opens without a server)};
 per-sample records and images go to outputs/toy_sweep/<time>/ (resumable with --records).
 
 The toy world's goals read off this table: eagle accepted length >= 2.0; coolsd (delta=2) accepted
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from coolsd.job.summary import make_grid
 from coolsd.metrics.token_maps import distortion_figure
+from coolsd.report.page import write_page
 from coolsd.report.plots import pareto_plot
 from coolsd.report.sweep import ROOT, ci_text, sweep_frame, toy_sweep
 from coolsd.toy.scenes import render_batch
@@ -123,6 +125,7 @@ def main(argv=None):
     pareto_plot(df, a.out / "pareto.png", ["toy_fid", "toy_clip"], "Toy world: quality against acceleration (95% CIs)")
     grid_rows = [outputs[t][1][:10] for t in outputs] + [render_batch(res["scenes"][:10])]
     save_png_atomic(make_grid(grid_rows, labels=list(outputs) + ["reference"]), a.out / "grid.png")
+    write_page([a.out], a.out / "page.html", title=f"Toy world: every method on {a.prompts} prompts")
     print("\n".join(lines))
     print("\n".join(distortion_checks(outputs, table)))
     print(json.dumps({"wrote": str(a.out), "records": str(records), "generation_seconds": round(env["generation_seconds"])}))

@@ -51,11 +51,13 @@ def test_toy_throughput_smoke_run_and_the_batch_invariant_rows(tmp_path):
 
 
 def test_toy_sweep_smoke_run(tmp_path):
-    """benchmarks/toy_sweep.py (make demo) on 2 prompts: the table, plot and grid from one run folder."""
+    """benchmarks/toy_sweep.py (make demo) on 2 prompts: the table, plot, grid and page from one run folder."""
     _load("toy_sweep").main(["--prompts", "2", "--out", str(tmp_path / "out"), "--records", str(tmp_path / "rec")])
     table = (tmp_path / "out" / "table.md").read_text()
     assert all(f"| {tag} |" in table for tag in ("ar", "eagle", "coolsd_2", "sjd"))
-    assert {"table.csv", "summary.json", "pareto.png", "grid.png"} <= {p.name for p in (tmp_path / "out").iterdir()}
+    assert {"table.csv", "summary.json", "pareto.png", "grid.png", "page.html"} <= {p.name for p in (tmp_path / "out").iterdir()}
+    page = (tmp_path / "out" / "page.html").read_text()
+    assert page.count('<img class="sample"') == 2 * len(_load("toy_sweep").SWEEP)  # every method, every prompt
     assert json.loads((tmp_path / "rec" / "run.json").read_text())["target"] == "toy"
 
 
