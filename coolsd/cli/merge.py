@@ -11,18 +11,28 @@ still being written (its lock, ``coolsd.util.records.RunLock``, names the holder
 two shards is the same sample, and (unless ``--partial``) every (method, prompt) pair is present,
 else an error lists the missing prompts. Writes ``samples.jsonl`` (prompt order, methods in run order) and
 ``summary.json`` atomically; shard files stay as they are.
+
+Where the shards logged to W&B (``logger=wandb``: the folder keeps their settings,
+``coolsd.job.tracking.WANDB_FILE``), the merged summary is logged too, as one more run of their group
+(``log_merged``): its numbers, ``summary/table``, the Pareto charts and ``pareto.png`` (speed-up
+against each quality signal, 95% CIs; also written to the folder). ``--no-wandb`` skips it; a W&B
+failure there is a warning (``summary.json`` is written first).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import shutil
+import sys
+import traceback
 from pathlib import Path
 from types import SimpleNamespace
 
+from coolsd.cli.runner import verbose
 from coolsd.job.generation import TIMING_KEYS, collect, kept_images
 from coolsd.job.shards import SHARD_FILE
 from coolsd.job.summary import summarize, summary_lines, write_distortion_figure
+from coolsd.job.tracking import folder_logger, quality_metrics, summary_rows
 from coolsd.prompts import load_prompts
 from coolsd.util.records import RunLock, describe_identity_diff, read_records, write_json_atomic
 from coolsd.worlds import world_class
@@ -64,7 +74,7 @@ def shard_files(folder: Path, count: int) -> list[Path]:
     return [f for f in files if f.exists()]
 
 
-def merge(folder, sources=(), partial: bool = False) -> dict:
+def merge(folder, sources=(), partial: bool = False, track: bool = True) -> dict:
     folder = Path(folder)
     ident = _identity(folder)
     for src in map(Path, sources):
@@ -113,7 +123,40 @@ def merge(folder, sources=(), partial: bool = False) -> dict:
     summary.update(merged_shards=len(merged), shards=count, prompts_complete=len(complete), prompts_missing=missing)
     write_json_atomic(summary, folder / "summary.json")
     write_distortion_figure(summary, {t: [by_key[(t, p)][0] for p in ok] for t in methods}, folder)
+    if track:
+        log_merged(folder, ident, summary)
     return summary
+
+
+def log_merged(folder: Path, ident: dict, summary: dict) -> None:
+    """The merged summary to the tracker the shards of ``folder`` used (nothing where they used
+    none): its W&B run ``merged`` in their group (``coolsd.job.tracking.wandb_run_id``), with
+    ``pareto.png`` (``coolsd.report.plots.pareto_plot``, speed-up against each quality signal)
+    written to ``folder`` and logged beside the charts. A failure prints one warning: the
+    summary is on disk already (``COOLSD_VERBOSE=1`` adds the traceback)."""
+    try:
+        logger = folder_logger(folder, ident, f"{ident['target']}/{ident.get('method', '?')}/{folder.name}")
+        if logger is None:
+            return
+        # deferred: pandas and matplotlib load only for a merge whose shards logged to W&B
+        from coolsd.report.plots import pareto_plot
+        from coolsd.report.sweep import sweep_frame  # deferred: as above
+
+        results = summary["results"]
+        figures = []
+        quality = quality_metrics(summary_rows(results))
+        if quality and any("speedup" in e for e in results.values()):
+            figures = pareto_plot(sweep_frame(results), folder / "pareto.png", quality,
+                                  f"{ident['target']}: quality vs speed-up ({folder.name})", xs=("speedup",))[:1]
+        logger.start(ident, folder, None)
+        logger.log_results(results, figures)
+        logger.finish()
+    except Exception as e:
+        if verbose():
+            traceback.print_exc()
+        why = " ".join(str(e).split())[:300] or type(e).__name__
+        print(f"warning: {folder}/summary.json is written, but logging it to W&B failed ({type(e).__name__}: {why}); "
+              "run the merge again to log it, or pass --no-wandb", file=sys.stderr)
 
 
 def summarize_records(folder: Path, ident: dict, records: dict, prompts: list[int], failures: dict) -> dict:
@@ -142,8 +185,9 @@ def main(argv=None) -> dict:
     ap.add_argument("run", type=Path)
     ap.add_argument("--from", dest="sources", type=Path, nargs="*", default=[], help="other folders with shards of this run")
     ap.add_argument("--partial", action="store_true", help="summarise the complete prompts even if some are missing")
+    ap.add_argument("--no-wandb", action="store_true", help="do not log the merged summary to the shards' W&B group")
     a = ap.parse_args(argv)
-    s = merge(a.run, a.sources, a.partial)
+    s = merge(a.run, a.sources, a.partial, track=not a.no_wandb)
     print("\n".join(summary_lines(world_class(s["target"]), s["results"])))
     print(f"merged {s['merged_shards']} of {s['shards']} shard(s): {s['prompts_complete']} complete prompts"
           + (f", {len(s['prompts_missing'])} missing" if s["prompts_missing"] else "") + f" -> {a.run}/summary.json")

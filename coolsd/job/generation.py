@@ -28,7 +28,7 @@ from coolsd.engine.timing import hardware_name, peak_memory_gib, reset_peak_memo
 from coolsd.job.config_schema import check_config, method_from_cfg
 from coolsd.job.shards import Shard
 from coolsd.job.summary import GRID_COLUMNS, summarize, write_outputs
-from coolsd.job.tracking import make_logger
+from coolsd.job.tracking import NullLogger, make_logger
 from coolsd.util.errors import ConfigError, SummaryError
 from coolsd.util.records import RecordWriter, RunLock, claim_run_dir, resume_records
 from coolsd.worlds import load_world, world_class
@@ -149,12 +149,14 @@ def warm_up(world, methods: dict, prompts: list, batch_size: int) -> dict:
 
 def run_methods(world, methods: dict, prompts: list, indices: list[int], run_seed: int, writer: RecordWriter,
                 done: list[dict] | None = None, batch_size: int = 1, keep_images: int = GRID_COLUMNS,
-                stats: Optional[dict] = None) -> tuple[dict, dict]:
+                stats: Optional[dict] = None, on_record=None) -> tuple[dict, dict]:
     """Every method on every prompt (``indices``: each prompt's index), in batches of
     ``batch_size``, methods interleaved per batch. ``done``: records of an interrupted run in
     the same folder, whose (method, prompt) pairs are skipped. Returns (outputs {tag:
     (records, images)} over the prompts where every method succeeded (``kept_images`` of the
-    images), {tag: failed prompt indices}); ``stats`` receives the warm-up's (``warm_up``)."""
+    images), {tag: failed prompt indices}); ``stats`` receives the warm-up's (``warm_up``).
+    ``on_record(record, image or None)`` is called with each record once it is written (the
+    tracker's ``log_record``)."""
     have = {(r["method"], r["prompt_index"]): r for r in (done or [])}
     n_todo = sum((tag, indices[i]) not in have for i in range(len(prompts)) for tag in methods)
     if n_todo and world.warmup:  # excluded from latency
@@ -174,6 +176,8 @@ def run_methods(world, methods: dict, prompts: list, indices: list[int], run_see
                 for i, idx, (rec, img) in zip(pos, idxs, out):
                     rec = writer.append(rec, img, f"{tag}/{idx:05d}.png") if img is not None else writer.append(rec)
                     have[(tag, idx)] = rec
+                    if on_record is not None:
+                        on_record(rec, img)
                     if img is not None and (keep is None or i < keep):
                         fresh[(tag, idx)] = img
                 bar.update(len(pos))
@@ -203,20 +207,22 @@ def lock_wait() -> float:
 
 def run_shard(world, methods: dict, prompts: list, out_dir: Path, identity: dict, *, seed: int, offset: int = 0,
               batch_size: int = 1, shard: Shard = Shard(), keep_images: int = GRID_COLUMNS,
-              stats: Optional[dict] = None):
+              stats: Optional[dict] = None, logger=NullLogger()):
     """Lock this shard's record file (``RunLock``: a second process writing it is refused, naming
     the holder), claim the run folder, resume this shard's records and generate the rest. Returns
     (outputs, the prompts they cover, failures); with ``shard.count`` > 1 they cover this
-    shard's prompts only (the summary comes from ``coolsd.cli.merge``)."""
+    shard's prompts only (the summary comes from ``coolsd.cli.merge``). ``logger``
+    (``coolsd.job.tracking``) starts once the folder is claimed and gets every record as it is written."""
     with RunLock(out_dir, shard.records_name, wait=lock_wait()):
         done = resume_records(out_dir, shard.records_name) if claim_run_dir(out_dir, identity) else []
         positions = shard.select(len(prompts))
         if done:
             print(f"resuming {out_dir}: {len(done)} of {len(positions) * len(methods)} samples already there")
+        logger.start(identity, out_dir, shard, done)
         mine = [prompts[i] for i in positions]
         outputs, failures = run_methods(world, methods, mine, [offset + i for i in positions], seed,
                                         RecordWriter(out_dir, shard.records_name), done=done, batch_size=batch_size,
-                                        keep_images=keep_images, stats=stats)
+                                        keep_images=keep_images, stats=stats, on_record=logger.log_record)
     kept = {r["prompt_index"] for r in next(iter(outputs.values()))[0]} if outputs else set()
     return outputs, [p for i, p in zip(positions, mine) if offset + i in kept], failures
 
@@ -277,7 +283,7 @@ def run_job(cfg, out_dir: Path, world=None) -> dict:
         outputs, prompts, failures = run_shard(world, methods, prompts, out_dir, identity, seed=cfg.seed,
                                                offset=int(dataset.get("offset", 0)), batch_size=batch, shard=shard,
                                                keep_images=int((cfg.get("logger") or {}).get("n_images", 0)),
-                                               stats=stats)
+                                               stats=stats, logger=logger)
     if stats:
         print(f"warm-up (excluded from latency): {stats['warmup_s']:.1f} s"
               + (f", {stats['graphs_compiled']} graphs compiled" if world.compiled else ""))
@@ -294,7 +300,7 @@ def run_job(cfg, out_dir: Path, world=None) -> dict:
     except Exception as e:
         raise summary_failed(e, out_dir, shard.records_name,
                              "out_dir" if cfg.get("out_dir") else "hydra.run.dir") from e
-    logger.log_summary(summary["results"])
+    logger.log_results(summary["results"])
     for tag, (_, imgs) in outputs.items():
         if imgs is not None:
             logger.log_images(tag, imgs, [p.caption for p in prompts])

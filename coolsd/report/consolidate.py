@@ -1,15 +1,23 @@
 """All per-sample records of a set of runs (or a multirun folder) in one parquet table, with
 each run's folder and resolved identity, so that metrics and plots are recomputed from records
-and images without regenerating (``python -m coolsd.report.consolidate multirun/... -o t.parquet``)."""
+and images without regenerating (``python -m coolsd.report.consolidate multirun/... -o t.parquet``).
+With ``--wandb`` the sweep's summary table and its Pareto plot (speed-up against each quality
+signal, 95% CIs) go to W&B as well (``log_sweep``)."""
 from __future__ import annotations
 
 import argparse
 import json
+import os
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd
+from omegaconf import OmegaConf
 
 from coolsd.job.summary import metric_ci
+from coolsd.job.tracking import WANDB_FILE, make_logger, quality_metrics, summary_rows
+from coolsd.report.plots import pareto_plot
+from coolsd.report.sweep import ROOT, sweep_frame
 from coolsd.util.records import read_records
 from coolsd.util.stats import ratio_ci
 
@@ -82,10 +90,54 @@ def summary_frame(df: pd.DataFrame, metrics=("accepted_length", "latency_s", "ta
     return pd.DataFrame(rows)
 
 
+def sweep_results(runs) -> dict:
+    """{label: summary entry} over the runs' ``summary.json`` (a run without one is skipped): each
+    method configuration of each run, labelled by ``config_label`` (a label several runs share gets
+    its folder's name appended). Each speed-up stays the one against its own run's AR."""
+    entries = []
+    for run in map(Path, runs):
+        path = run / "summary.json"
+        if path.is_file():
+            for tag, e in json.loads(path.read_text())["results"].items():
+                entries.append((config_label(e.get("params") or {"method": tag}), run, e))
+    counts = Counter(label for label, _, _ in entries)
+    return {(label if counts[label] == 1 else f"{label} [{run.name}]"): e for label, run, e in entries}
+
+
+def log_sweep(runs, figure: Path, logger_cfg=None) -> list[Path]:
+    """The sweep of ``runs`` to W&B, as one run of group ``reports`` (``logger.group`` if set):
+    ``summary/table`` (one row per configuration, ``sweep_results``), the ``pareto/<signal>``
+    charts and ``figure`` (``pareto_plot``: speed-up against each quality signal with 95% CIs,
+    written there, logged as ``figures/<stem>``). W&B settings: ``logger_cfg``, else those the
+    runs' shards used (a run's ``wandb.json``), else ``conf/logger/wandb.yaml``. Returns the figures."""
+    runs = [Path(r) for r in runs]
+    results = sweep_results(runs)
+    if not results:
+        raise FileNotFoundError(f"none of the {len(runs)} run folder(s) holds a summary.json: summarise each first "
+                                "(python -m coolsd.cli.merge <run folder>)")
+    if logger_cfg is None:
+        kept = [r / WANDB_FILE for r in runs if (r / WANDB_FILE).is_file()]
+        if kept:
+            logger_cfg = json.loads(kept[0].read_text())
+        else:
+            logger_cfg = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "logger" / "wandb.yaml"))
+    name = f"sweep/{Path(os.path.commonpath([str(r.resolve()) for r in runs])).name}"
+    logger = make_logger(logger_cfg, {}, name)
+    quality = quality_metrics(summary_rows(results))
+    figures = pareto_plot(sweep_frame(results), figure, quality, f"{name}: quality vs speed-up",
+                          xs=("speedup",))[:1] if quality else []
+    logger.start_report(runs, name)
+    logger.log_results(results, figures)
+    logger.finish()
+    return figures
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("runs", nargs="+", type=Path, help="run folders or folders containing runs (multirun/...)")
     ap.add_argument("-o", "--out", type=Path, required=True, help="parquet file to write")
+    ap.add_argument("--wandb", action="store_true", help="also log the sweep's summary table and Pareto plot to W&B "
+                    "(settings: the runs' wandb.json, else conf/logger/wandb.yaml)")
     a = ap.parse_args(argv)
     df = records_frame(a.runs)
     a.out.parent.mkdir(parents=True, exist_ok=True)
@@ -93,6 +145,9 @@ def main(argv=None):
     df.to_parquet(tmp, index=False)
     tmp.replace(a.out)
     print(f"{len(df)} samples from {df['run'].nunique()} run(s) -> {a.out}")
+    if a.wandb:
+        figures = log_sweep(find_runs(a.runs), a.out.with_name(a.out.stem + "_pareto.png"))
+        print("sweep logged to W&B" + (f"; Pareto plot -> {figures[0]}" if figures else ""))
 
 
 if __name__ == "__main__":

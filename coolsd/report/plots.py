@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-LOWER_IS_BETTER = {"fid", "toy_fid", "step_tv"}  # step_tv: the exact distortion
+LOWER_IS_BETTER = {"fid", "toy_fid", "step_tv", "step_kl", "off_support"}  # the exact distortion signals
 X_LABELS = {"accepted_length": "accepted length (tokens / round)", "speedup": "speed-up over AR (same run)"}
 
 
