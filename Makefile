@@ -7,7 +7,7 @@ VPY     := $(VENV)/bin/python
 TORCH   ?= torch==2.13.0
 STAMP   := $(VENV)/.installed
 
-.PHONY: install run test theory toy-assets toy-continuous-assets demo continuous-bench xar-distortion paper-table1 speed claims paper-table2 sota-table clean
+.PHONY: install run test theory toy-assets toy-continuous-assets demo continuous-bench xar-distortion row-parallel paper-table1 speed claims paper-table2 sota-table clean
 
 $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -43,6 +43,11 @@ continuous-bench: $(STAMP)
 # residuals, energy distance to the target's samples, null band (400 seeds, about 5.5 min on 1 thread)
 xar-distortion: $(STAMP)
 	$(VPY) benchmarks/xar_cspd_distortion.py
+
+# ZipAR and PJD: tokens per forward and distance to the target, exact (ZipAR) or sampled (PJD) in the lab,
+# and on the toy world beside AR (about 15 min on 2 cores) -> results/row_parallel/
+row-parallel: $(STAMP)
+	$(VPY) benchmarks/row_parallel.py
 
 # The continuous-SD paper's Table 1 grid (gamma 4..32 x batch 1..256, the paper's rule) on TARGET
 # (default the toy continuous world, CPU: results/paper_table1/); on a GPU e.g.

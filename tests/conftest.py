@@ -61,6 +61,8 @@ lumina_files = _built_once("lumina", factories.write_lumina_files)
 mar_files = _built_once("mar", factories.write_mar_files)
 xar_files = _built_once("xar", factories.write_xar_files)
 harmon_files = _built_once("harmon", factories.write_harmon_files)
+janus_files = _built_once("janus", factories.write_janus_files)
+emu3_files = _built_once("emu3", factories.write_emu3_files)
 toy_continuous_assets = _built_once("continuous_assets", factories.build_tiny_toy_continuous)
 
 
@@ -79,6 +81,10 @@ def world_overrides(request):
             return [f"target={name}", *factories.xar_overrides(request.getfixturevalue("xar_files"))]
         if name == "harmon_1_5b":
             return [f"target={name}", *factories.harmon_overrides(request.getfixturevalue("harmon_files"))]
+        if name in ("janus_pro", "janus_pro_7b"):
+            return [f"target={name}", *factories.janus_overrides(request.getfixturevalue("janus_files"))]
+        if name == "emu3":
+            return [f"target={name}", *factories.emu3_overrides(request.getfixturevalue("emu3_files"))]
         if name == "toy_continuous":
             return [f"target={name}", *factories.toy_continuous_overrides(request.getfixturevalue("toy_continuous_assets"))]
         return [f"target={name}"]

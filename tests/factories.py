@@ -1,10 +1,11 @@
 """Tiny components of the real classes, from one factory for every test (the diffusers pattern):
 random-weight files in the official layouts for every registered real world, tiny toy
 continuous weights, the in-memory tiny models of the model tests (LlamaGen GPT and both its
-variants, Chameleon LM and VQGAN, MAR and its DiffLoss head, xAR) and their random inputs, the tiny
-metric networks (CLIP, Inception-v3, moment features; ``tiny_models`` re-exports them), and the
-Hydra overrides that point a world at its tiny files (``world_overrides``). conftest.py turns
-them into fixtures. Each tiny component is built here only: a test that needs one imports it."""
+variants, Chameleon LM and VQGAN, MAR and its DiffLoss head, xAR, Harmon, and transformers' own
+Janus-Pro and Emu3-Gen classes in miniature) and their random inputs, the tiny metric networks
+(CLIP, Inception-v3, moment features; ``tiny_models`` re-exports them), and the Hydra overrides
+that point a world at its tiny files (``world_overrides``). conftest.py turns them into
+fixtures. Each tiny component is built here only: a test that needs one imports it."""
 from __future__ import annotations
 
 import argparse
@@ -655,3 +656,194 @@ def harmon_overrides(files: dict) -> list[str]:
             f"+target.vae={_braced(TINY_VAE)}", "target.head.steps=3", f"target.files.checkpoint={files['target']}",
             f"target.files.vae={files['vae']}", f"target.files.tokenizer={files['tokenizer']}",
             f"draft.files.checkpoint={files['draft']}"]
+
+
+# ------------------------------------------------------------------------------ Janus-Pro (test_janus, its world)
+JANUS_SIDE = 4  # 4 x 4 image tokens of 2 px: 8 x 8 images
+JANUS_CODES = 32  # VQ codebook
+
+
+def _janus_tokens():
+    from coolsd.models.janus import JanusTokens
+
+    return JanusTokens(bos=1, pad=2, boi=4)
+
+
+JANUS_TOKENS = _janus_tokens()  # the tiny vocabulary's BOS, pad and <begin_of_image>
+
+
+def tiny_janus_config(side: int = JANUS_SIDE, attn: str = "sdpa"):
+    """transformers' ``JanusConfig`` in miniature: Llama text model (hidden 32, 2 layers, 4 query / 2
+    key-value heads, vocab 64), SigLIP-style vision tower (never used for generation; its
+    ``image_size // patch_size`` sets the VQ grid), VQ of 32 codes with 2 levels (2 px a token)."""
+    from transformers import JanusConfig, LlamaConfig
+    from transformers.models.janus.configuration_janus import JanusVisionConfig, JanusVQVAEConfig
+
+    t = JANUS_TOKENS
+    text = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, max_position_embeddings=256, pad_token_id=t.pad, bos_token_id=t.bos,
+                       eos_token_id=3)
+    vision = JanusVisionConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=4 * side,
+                               patch_size=4, projection_dim=32, num_image_tokens=side * side, mlp_ratio=2.0)
+    vq = JanusVQVAEConfig(embed_dim=8, num_embeddings=JANUS_CODES, latent_channels=32, base_channels=32,
+                          channel_multiplier=[1, 1], num_res_blocks=1, projection_dim=32, image_token_embed_dim=32)
+    cfg = JanusConfig(text_config=text, vision_config=vision, vq_config=vq, image_token_id=5)
+    cfg._attn_implementation = attn  # the text and vision configs follow
+    return cfg
+
+
+def tiny_janus(seed: int = 0, dtype=torch.float64, attn: str = "sdpa"):
+    """A tiny ``JanusForConditionalGeneration`` (``tiny_janus_config``) with every parameter random
+    (matrices N(0, 1/fan_in), embeddings N(0, 1), norm weights 1 + 0.2 N(0, 1), biases 0.1 N(0, 1)):
+    transformers' 0.02 init would make the image logits nearly flat, so greedy sequences would be
+    constant. In ``dtype``, eval mode."""
+    from transformers import JanusForConditionalGeneration
+
+    model = JanusForConditionalGeneration(tiny_janus_config(attn=attn)).to(dtype).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g, dtype=p.dtype)
+            if "embed" in name:
+                p.copy_(noise)
+            elif p.dim() >= 2:
+                p.copy_(noise / p[0].numel() ** 0.5)
+            elif "norm" in name and name.endswith("weight"):
+                p.copy_(1 + 0.2 * noise)
+            else:
+                p.copy_(0.1 * noise)
+    return model
+
+
+def write_janus_tokenizer(path: Path) -> Path:
+    """A word-level ``tokenizer.json`` (the ``tokenizers`` library's format, as Janus's) with Janus's
+    special tokens at JANUS_TOKENS' ids and the chat template's role tokens: at most the tiny 64 ids."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+
+    from coolsd.toy.scenes import WORDS
+
+    vocab = {"<unk>": 0, "<｜begin▁of▁sentence｜>": 1, "<｜▁pad▁｜>": 2, "<｜end▁of▁sentence｜>": 3,
+             "<begin_of_image>": 4, "<image_placeholder>": 5, "<|User|>": 6, "<|Assistant|>": 7, ":": 8}
+    for w in WORDS:
+        vocab.setdefault(w, len(vocab))
+    assert len(vocab) <= 64
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens([AddedToken(t, special=True) for t in ("<｜begin▁of▁sentence｜>", "<｜▁pad▁｜>",
+                                                                   "<｜end▁of▁sentence｜>", "<begin_of_image>")])
+    tok.add_tokens([AddedToken("<|User|>"), AddedToken("<|Assistant|>")])
+    tok.save(str(path))
+    return path
+
+
+def write_janus_folder(d: Path, seed: int = 2, dtype=torch.float32) -> Path:
+    """A transformers-format Janus-Pro folder of the tiny model: ``save_pretrained`` (config.json,
+    model.safetensors, generation_config.json with the converter's pad / boi ids) and tokenizer.json."""
+    model = tiny_janus(seed, dtype)
+    model.generation_config.pad_token_id = JANUS_TOKENS.pad
+    model.generation_config.boi_token_id = JANUS_TOKENS.boi
+    model.save_pretrained(d)
+    write_janus_tokenizer(d / "tokenizer.json")
+    return d
+
+
+def write_janus_files(d: Path) -> Path:
+    """The tiny Janus-Pro folder the worlds run (``janus_overrides``)."""
+    return write_janus_folder(d / "Janus-Pro-tiny")
+
+
+def janus_overrides(folder) -> list[str]:
+    """A ``write_janus_folder`` folder as ``target=janus_pro`` / ``janus_pro_7b``: CPU, float32,
+    4 x 4 tokens of 2 px (``target.image_size`` = 8, ``target.vq_downsample`` = 2)."""
+    return ["target.device=cpu", "target.dtype=float32", f"target.files.model={folder}",
+            f"target.image_size={2 * JANUS_SIDE}", "target.vq_downsample=2"]
+
+
+# ------------------------------------------------------------------------------ Emu3-Gen (test_emu3, its world)
+EMU3_CODES = 32  # VQ codebook (visual tokens)
+EMU3_GRID = 4  # 4 x 4 image tokens: an end-of-line after tokens 3, 7, 11
+EMU3_IMAGE_AREA = (EMU3_GRID * 8) ** 2  # Emu3Processor's size rule: side / 8 tokens
+EMU3_SPECIAL = {"<|endoftext|>": 0, "<|extra_203|>": 1, "<|extra_204|>": 2, "<|image start|>": 3,
+                "<|image end|>": 4, "<|image token|>": 5, "<|extra_200|>": 6, "<|extra_201|>": 7,
+                "<image>": 8}  # Emu3's names: pad, bos, eos, boi, eoi, image wrapper, end of line, end of frame
+EMU3_WORDS = ["<unk>", *"0123456789*,.", "a", "red", "circle", "masterpiece", "film", "grained", "best", "quality",
+              "lowres", "bad", "anatomy", "hands", "text", "blurry"]
+EMU3_VOCAB = 80
+EMU3_TEXT = dict(vocab_size=EMU3_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0,
+                 bos_token_id=1, eos_token_id=2)
+EMU3_VQ = dict(codebook_size=EMU3_CODES, embed_dim=4, latent_channels=4, base_channels=32, channel_multiplier=[1, 2],
+               num_res_blocks=1, attn_resolutions=[], temporal_downsample_factor=4, hidden_size=64,
+               num_attention_heads=1)
+
+
+def emu3_vocabulary_map() -> dict:
+    """Emu3's token names on the tiny vocabulary: the specials, 32 visual tokens on shuffled ids
+    9..40 (id != code + 9), words from 41."""
+    K = EMU3_CODES
+    perm = torch.randperm(K, generator=torch.Generator().manual_seed(7)).tolist()
+    v = dict(EMU3_SPECIAL)
+    v.update({f"<|visual token {c:06d}|>": 9 + perm[c] for c in range(K)})
+    v.update({w: 9 + K + i for i, w in enumerate(EMU3_WORDS)})
+    v.update({f"w{i}": i for i in range(9 + K + len(EMU3_WORDS), EMU3_VOCAB)})
+    return v
+
+
+def tiny_emu3(seed: int = 0, dtype=torch.float64, attn: str = "sdpa"):
+    """An ``Emu3ForConditionalGeneration`` (text: hidden 32, 2 layers, 4 heads, 2 KV heads, vocab 80;
+    VQ: 32 codes, 2 px a token), text weights N(0, 0.3^2), RMSNorm weights 1 + 0.2 N(0, 1)."""
+    from transformers import Emu3Config, Emu3ForConditionalGeneration
+
+    cfg = Emu3Config(vq_config=EMU3_VQ, text_config=EMU3_TEXT, vocabulary_map=emu3_vocabulary_map())
+    cfg._attn_implementation = attn
+    cfg.text_config._attn_implementation = attn
+    torch.manual_seed(seed)
+    model = Emu3ForConditionalGeneration(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "vqmodel" not in name:
+                p.copy_(1 + 0.2 * torch.randn_like(p) if name.endswith("norm.weight") else 0.3 * torch.randn_like(p))
+    return model.to(dtype).eval()
+
+
+def write_emu3_tokenizer(d: Path) -> Path:
+    """An Emu3-style tokenizer folder (tokenizer.json, tokenizer_config.json with Emu3's special
+    tokens: bos, boi, image wrapper, ...) over the tiny vocabulary's words."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+
+    v = emu3_vocabulary_map()
+    tok = Tokenizer(models.WordLevel({w: i for w, i in v.items() if w in EMU3_SPECIAL or w in EMU3_WORDS},
+                                     unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens([AddedToken(s, special=True) for s in EMU3_SPECIAL])
+    d.mkdir(parents=True, exist_ok=True)
+    tok.save(str(d / "tokenizer.json"))
+    (d / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|extra_203|>", "eos_token": "<|extra_204|>",
+        "pad_token": "<|endoftext|>", "extra_special_tokens": {
+            "image_token": "<image>", "boi_token": "<|image start|>", "eoi_token": "<|image end|>",
+            "image_wrapper_token": "<|image token|>", "eof_token": "<|extra_201|>"}}))
+    return d
+
+
+def write_emu3_folder(d: Path, seed: int = 2) -> Path:
+    """A tiny Emu3-Gen-hf folder: config.json + model.safetensors (float32, VQ inside), the tokenizer
+    files and preprocessor_config.json (Emu3ImageProcessor, mean = std = 0.5)."""
+    from transformers import Emu3ImageProcessor
+
+    tiny_emu3(seed, dtype=torch.float32).save_pretrained(str(d))
+    write_emu3_tokenizer(d)
+    Emu3ImageProcessor(image_mean=[0.5] * 3, image_std=[0.5] * 3).save_pretrained(str(d))
+    return d
+
+
+def write_emu3_files(d: Path) -> Path:
+    """The tiny Emu3-Gen-hf folder the worlds run (``emu3_overrides``)."""
+    return write_emu3_folder(d / "Emu3-Gen-hf")
+
+
+def emu3_overrides(folder) -> list[str]:
+    """A ``write_emu3_folder`` folder as ``target=emu3``: CPU, float32, a 4 x 4 token grid
+    (``target.image_area`` = 32 x 32 px at the processor's 8 px a token)."""
+    return ["target.device=cpu", "target.dtype=float32", f"target.image_area={EMU3_IMAGE_AREA}",
+            f"target.files.model={folder}"]

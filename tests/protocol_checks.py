@@ -26,3 +26,32 @@ def path_to(tree, i: int) -> list[int]:
         out.append(i)
         i = int(tree.parent[i])
     return out[::-1]
+
+
+def commit_and_continue(target, prompts, rows, kept, tree, draw):
+    """For the samples ``rows`` of a batch of 2 (``prompts[b]``, ``kept[b]``): a ``tree`` round after
+    3 committed codes, commit of each sample's kept path (different lengths), a second tree round in
+    two calls at each sample's own positions, commit of root -> node 3, then 3 more codes.
+    ``draw(*shape, seed=)``: codes. Returns the second round's and the last logits, the committed
+    code sequences, the second tree's and the last codes."""
+    prefix = draw(2, 3, seed=3)[rows]
+    t1, t2 = draw(2, tree.n_nodes + 1, seed=4)[rows], draw(2, tree.n_nodes + 1, seed=6)[rows]
+    new = draw(2, 3, seed=10)[rows]
+    B = len(rows)
+    run_tree_round(target, [prompts[b] for b in rows], prefix, t1, tree, split=False)
+    keep = torch.zeros(B, 4, dtype=torch.long)  # columns past n_keep are ignored
+    for i, b in enumerate(rows):
+        keep[i, : len(kept[b])] = torch.tensor(kept[b])
+    n_keep = torch.tensor([len(kept[b]) for b in rows])
+    target.commit(keep, n_keep)
+    t_len = 3 + n_keep
+    pos = t_len[:, None] + tree.depth
+    a = int((tree.depth <= 1).sum())
+    l1 = target.forward(t2[:, :a], pos[:, :a], tree.ancestors[:a, :a]).logits
+    l2 = target.forward(t2[:, a:], pos[:, a:], tree.ancestors[a:]).logits
+    p3 = path_to(tree, 3)
+    target.commit(torch.tensor(p3).expand(B, -1), torch.full((B,), len(p3)))
+    t_len = t_len + len(p3)
+    last = target.forward(new, t_len[:, None] + torch.arange(3), torch.ones(3, 3, dtype=torch.bool).tril()).logits
+    seqs = [torch.cat([prefix[i], t1[i, kept[b]]]) for i, b in enumerate(rows)]
+    return torch.cat([l1, l2], 1), last, seqs, t2, new

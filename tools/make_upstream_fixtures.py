@@ -17,20 +17,34 @@ Families: ``--llamagen`` (GPT t2i, VQ-16, T5 caption path), ``--lantern`` (its L
 EAGLE heads for LlamaGen and Lumina-mGPT), ``--lumina`` (vendored Chameleon with Lumina's CFG
 processor and row ends, Chameleon VQGAN), ``--mar`` (MAR, DiffLoss, KL-16), ``--xar`` (xAR's
 network and its per-cell SDE sampler), ``--hf-chameleon`` (transformers' Chameleon, from the
-installed package).
+installed package), and the SJD family's samplers, which have no weights (``sampler_*``: inputs,
+every random draw recorded, outputs; read by tests/engine/test_upstream_samplers.py): ``--sjd``
+(tyshiwo1/Accelerating-T2I-AR-with-SJD), ``--scd`` (junhyukso/SCD, MC-SJD), ``--gsd`` (junhyukso/GSD),
+``--sjd-pac`` (KangJialiang/SJD-PAC), each run on a synthetic target (section "SJD-family samplers"),
+and ``--zipar`` (ThisisBillhe/ZipAR's LlamaGen code: ``generate_zipar.generate`` on its ``gpt.py``, every
+query's fed token, position, logits and zero cache slots, and the draws; read by
+tests/engine/test_upstream_zipar.py).
 
 Usage (each option optional; families not given keep their existing files)::
 
     python tools/make_upstream_fixtures.py --llamagen /tmp/upstream/llamagen --lantern /tmp/upstream/lantern \
         --lumina /tmp/upstream/lumina --mar /tmp/upstream/mar --xar /tmp/upstream/xar --hf-chameleon
+    python tools/make_upstream_fixtures.py --sjd /tmp/upstream/sjd --scd /tmp/upstream/scd \
+        --gsd /tmp/upstream/gsd --sjd-pac /tmp/upstream/sjd_pac
+    python tools/make_upstream_fixtures.py --zipar /tmp/upstream/zipar
 
 Environment: LANTERN's and Lumina's modelling code needs transformers 4.45.2 (LANTERN's pin;
 transformers 5.x cannot build its configs), MAR's and xAR's need timm, xAR's also einops. Run
 this script with an interpreter that has them, e.g. a scratch venv outside the repository that
-sees our venv's torch (see tests/fixtures/upstream/README.md). Upstream imports this script
+sees our venv's torch (see tests/fixtures/upstream/README.md); the SJD-family schedulers need
+transformers 4.45.2 and absl-py. Upstream imports this script
 cannot satisfy are stubbed for that import only, each documented where it is done: LANTERN's T5
 embedder (loads FLAN-T5-XL), Lumina's ``data.item_processor`` (tokenizer files), torchvision for
 timm, xAR's unused ``flash_attn`` import (and its ``.cuda()`` calls, the identity while it runs).
+The SJD-family samplers need no stub; their ``torch.multinomial`` is replaced while they run by an
+inverse-CDF draw from a recorded uniform (``_Draws``: the same law), and SJD-PAC's hard-coded top-up
+constants are set to the fixture's vocabulary. ZipAR's LlamaGen code needs nothing beyond torch and is
+not stubbed; its ``sample`` draws by inverse CDF from recorded uniforms (``_zipar_case``).
 
 The commit recorded for a checkout is ``git -C <checkout> rev-parse HEAD`` or, for an exported
 tree (``git archive``), the 40-hex first line of ``<checkout>/UPSTREAM_COMMIT``.
@@ -54,7 +68,9 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO_ROOT / "tests" / "fixtures" / "upstream"
 UPSTREAM_REPOS = {"llamagen": "FoundationVision/LlamaGen", "lantern": "jadohu/LANTERN", "lumina": "Alpha-VLLM/Lumina-mGPT",
-                  "mar": "LTH14/mar", "xar": "OliverRensu/xAR", "harmon": "wusize/Harmon"}
+                  "mar": "LTH14/mar", "xar": "OliverRensu/xAR", "harmon": "wusize/Harmon",
+                  "sjd": "tyshiwo1/Accelerating-T2I-AR-with-SJD", "scd": "junhyukso/SCD", "gsd": "junhyukso/GSD",
+                  "sjd_pac": "KangJialiang/SJD-PAC", "zipar": "ThisisBillhe/ZipAR"}
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -1229,6 +1245,592 @@ def make_harmon(root: Path, out_dir: Path, manifest: dict) -> None:
                   f"relative to the largest token; run with {versions}")
 
 
+# ------------------------------------------------------------------------------------ SJD-family samplers
+# SJD (tyshiwo1/Accelerating-T2I-AR-with-SJD), MC-SJD / SCD (junhyukso/SCD), GSD (junhyukso/GSD) and
+# SJD-PAC (KangJialiang/SJD-PAC): their samplers are plain functions and classes of one scheduler
+# module each, entangled with Lumina-mGPT's HF generation loop only through the tensors they are
+# handed. Here they run on a synthetic target (below) with their own code for everything that decides
+# tokens: the target samples (``sampling_logits2tokens``), the verification and the next window
+# (``SpeculativeSampler.__call__`` via ``prefix_matching_next_tokens``; ``SJDPACSpeculativeSampler``),
+# the random top-ups (``get_multi_token_for_preparation``). What the loop does between them (append
+# the matched tokens, carry the unmatched ones, roll the KV cache back) is a few lines of glue here
+# (``_jacobi_case``), written from ``_sample`` / ``prepare_inputs_for_generation_jacobi`` /
+# ``push_forward_model_kwargs_and_inputs``. Every random draw is recorded (``_Draws``).
+
+
+class _Draws:
+    """Records every random draw of the upstream code it wraps, in order: ``torch.rand`` and
+    ``torch.randint`` as they are (their outputs saved), and ``torch.multinomial`` REPLACED by an
+    inverse-CDF draw from recorded uniforms: draw j of a row is the token where ``u_j * mass`` falls
+    in the CDF (token order) of the row with the draws before j zeroed (draws without replacement,
+    successive sampling: the law of torch's ``multinomial(replacement=False)``; torch's own draw,
+    argmax p / Exp(1) noise, has no uniform a test could replay). Upstream's code, its probabilities
+    and its control flow are unchanged; only the source of its multinomial noise is. Also sets the
+    default dtype to float64 so upstream's ``torch.rand`` and sums run in float64."""
+
+    def __init__(self):
+        self.events: list[dict] = []
+
+    def __enter__(self):
+        self._orig = {k: getattr(torch, k) for k in ("rand", "randint", "multinomial")}
+        self._dtype = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        orig_rand, orig_randint = self._orig["rand"], self._orig["randint"]
+
+        def rand(*shape, **kw):
+            out = orig_rand(*shape, **kw)
+            self.events.append({"kind": "rand", "out": out.detach().clone(), "generator": kw.get("generator")})
+            return out
+
+        def randint(*args, **kw):
+            out = orig_randint(*args, **kw)
+            self.events.append({"kind": "randint", "out": out.detach().clone(), "args": args})
+            return out
+
+        def multinomial(probs, num_samples, replacement=False, *, generator=None):
+            if replacement:
+                raise NotImplementedError("the SJD-family samplers draw without replacement")
+            flat = probs.reshape(-1, probs.shape[-1])
+            if ((flat > 0).sum(-1) < num_samples).any():
+                raise ValueError("a row with fewer positive entries than draws: torch's tie-breaking would decide")
+            u = orig_rand((flat.shape[0], num_samples), generator=generator, dtype=torch.float64)
+            rest, toks = flat.to(torch.float64).clone(), []
+            for j in range(num_samples):
+                cdf = rest.cumsum(-1)
+                t = torch.searchsorted(cdf.contiguous(), (u[:, j : j + 1] * cdf[:, -1:]).contiguous(), right=True)
+                last = rest.shape[-1] - 1 - torch.flip(rest > 0, dims=[-1]).to(torch.int8).argmax(-1, keepdim=True)
+                t = torch.minimum(t, last)
+                toks.append(t)
+                rest = rest.scatter(-1, t, 0.0)
+            out = torch.cat(toks, -1).reshape(*probs.shape[:-1], num_samples)
+            self.events.append({"kind": "multinomial", "probs": flat.detach().clone(), "u": u, "out": out.clone()})
+            return out
+
+        torch.rand, torch.randint, torch.multinomial = rand, randint, multinomial
+        return self
+
+    def __exit__(self, *exc):
+        for k, v in self._orig.items():
+            setattr(torch, k, v)
+        torch.set_default_dtype(self._dtype)
+
+    def take(self, kind: str) -> dict:
+        """The oldest unread event, which must be of ``kind``."""
+        ev = self.events.pop(0)
+        assert ev["kind"] == kind, f"expected a {kind} draw, upstream made a {ev['kind']} draw"
+        return ev
+
+
+class _TabularTarget:
+    """The synthetic target: logits(context) = a * A[len(context) % P] + b * B[context[-1]] (float64,
+    seeded): a distribution that depends on the position (so the next iteration's sample at a
+    position often agrees with the last one, as on images) and on the token before it (so a draft's
+    context matters: a rejected token changes the p of every later slot)."""
+
+    def __init__(self, V: int, seed: int, a: float, b: float, P: int = 7):
+        g = torch.Generator().manual_seed(seed)
+        self.A = torch.randn(P, V, generator=g, dtype=torch.float64)
+        self.B = torch.randn(V, V, generator=g, dtype=torch.float64)
+        self.a, self.b, self.P = a, b, P
+
+    def logits(self, context: list[int]) -> torch.Tensor:
+        return self.a * self.A[len(context) % self.P] + self.b * self.B[context[-1]]
+
+
+def _recording(sampler, p: torch.Tensor):
+    """``sampler`` (a ``SpeculativeSampler``) as a callable that keeps its own return (which
+    ``prefix_matching_next_tokens`` splits) in ``raw["ret"]``, and the draft slot of every residual
+    draw it makes (``reject_sampling_single_token``) in ``resid_calls``, in order."""
+    raw, resid_calls = {}, []
+    bound_call, single = type(sampler).__call__.__get__(sampler), sampler.reject_sampling_single_token
+
+    def record_call(*a, **kw):
+        raw["ret"] = bound_call(*a, **kw)
+        return raw["ret"]
+
+    def record_single(token_advanced_prob, token_draft_prob, **kw):
+        # which slot: the row of p it was handed (a view of p: advanced_prob[b, i - 1, :])
+        assert token_advanced_prob.untyped_storage().data_ptr() == p.untyped_storage().data_ptr()
+        k = (token_advanced_prob.storage_offset() - p.storage_offset()) // p.stride(1)
+        resid_calls.append(k + 1)  # the draft slot i tested against p[i - 1]
+        return single(token_advanced_prob=token_advanced_prob, token_draft_prob=token_draft_prob, **kw)
+
+    sampler.reject_sampling_single_token = record_single
+    return record_call, raw, resid_calls
+
+
+def _jacobi_case(mod, family: str, target: _TabularTarget, prompt: list[int], W: int, V: int, rounds: int,
+                 generator: torch.Generator) -> list[dict]:
+    """``rounds`` Jacobi iterations of one sample (batch 1, window W: the root and W-1 drafts, all in
+    the active range) with upstream's functions of ``mod``; returns one record per round."""
+    from transformers.generation.logits_process import LogitsProcessorList
+
+    gsd = family == "gsd"
+    # empty: Lumina's image-token mask and top-2000 warper leave a vocabulary of V image tokens unchanged
+    identity = LogitsProcessorList()
+    img_vocab = torch.arange(V)
+    collected = list(prompt)
+    tcs = torch.nn.functional.one_hot(torch.tensor([collected]), V).double()  # temporary_collected_scores
+    carry, carry_scores = None, None
+    n = W - 1
+    out = []
+    for _ in range(rounds):
+        with _Draws() as draws:
+            ids = torch.tensor([collected])
+            n_carry = 0 if carry is None else min(carry.shape[1], n)
+            extra = {"temporary_collected_logits": tcs} if gsd else {}  # GSD's draft logits: never read
+            rand_tokens, rand_scores = mod.get_multi_token_for_preparation(
+                img_vocab=img_vocab, rand_token_num=n - n_carry, input_ids=ids, temporary_collected_scores=tcs,
+                device="cpu", multi_token_init_scheme="random", generator=generator, **extra)[:2]
+            parts = [ids[:, -1:]] + ([carry[:, :n_carry]] if n_carry else []) + [rand_tokens]
+            window = torch.cat(parts, 1)
+            q = torch.cat([tcs[:, -1:]] + ([carry_scores[:, :n_carry]] if n_carry else []) + [rand_scores], 1)
+            ctx = collected[:-1]
+            logits = torch.stack([target.logits(ctx + window[0, : k + 1].tolist()) for k in range(W)]).unsqueeze(0)
+            res = mod.sampling_logits2tokens(
+                logits, ids, torch.ones(1, dtype=torch.long), 0, output_token_num=W, logits_processor=identity,
+                logits_warper=None, do_sample=True, has_eos_stopping_criteria=False, do_cfg=False, generator=generator)
+            next_tokens, p = res[0], res[1]
+            sampler = mod.SpeculativeSampler(
+                generator=generator, reject_sampling_relative_ids=-torch.ones(1, dtype=torch.long),
+                reject_sampling_draft_token_logits=torch.zeros((1, V), dtype=torch.long),  # upstream's dtype (ids')
+                sampling_last_draft_token=torch.zeros((1,), dtype=torch.long))
+            record_call, raw, resid_calls = _recording(sampler, p)
+            kw = {"model_input_ids": window, "next_tokens": next_tokens, "next_token_scores": p,
+                  "is_prefilling_phase": False, "input_token_scores": q, "prefix_token_sampler": record_call,
+                  "logits_processor": identity, "logits_warper": None, "all_collected_input_ids": ids}
+            if gsd:
+                kw.update(next_token_logits=res[2], input_token_logits=None,
+                          head_img_sims=torch.zeros(V, V))  # embedding distances 0: that filter passes all (not ours)
+                num_matched, matched, unmatched, matched_scores, unmatched_scores = \
+                    mod.prefix_matching_next_tokens(**kw)[:5]
+            else:
+                num_matched, matched, unmatched, matched_scores, unmatched_scores = \
+                    mod.prefix_matching_next_tokens(**kw)
+        fm, res_tokens, res_scores = raw["ret"]
+        ev = draws.events
+        # the draws in upstream's order: top-up ids, the target samples, the acceptance uniforms
+        # (GSD: and an unused second table), one residual draw per rejection
+        topup = draws.take("randint")["out"][0]  # drawn (empty) even when nothing is topped up
+        tgt = draws.take("multinomial")
+        rs = draws.take("rand")["out"]
+        if gsd:
+            draws.take("rand")  # rs2 = torch.rand(...) without the generator: never read
+        resid = [draws.take("multinomial") for _ in resid_calls]
+        assert not ev, f"unexpected upstream draws: {[e['kind'] for e in ev]}"
+        rec = {
+            "window": window[0], "window_q": q[0], "n_carry": n_carry, "logits": logits[0], "p": p[0],
+            "u_target": tgt["u"][:, 0], "target_tokens": next_tokens[0], "rs": rs[0],
+            "topup": torch.cat([torch.full((n_carry,), -1, dtype=torch.long), topup.long()]),
+            "resid_slot": resid_calls, "resid_u": [e["u"][0, 0] for e in resid],
+            "resid_probs": [e["probs"][0] for e in resid], "resid_token": [int(e["out"].flatten()[0]) for e in resid],
+            "first_misaligned": int(fm[0]), "next_tokens": res_tokens[0], "next_scores": res_scores[0],
+        }
+        assert torch.equal(tgt["probs"], p[0]) and torch.equal(tgt["out"][:, 0], next_tokens[0])
+        out.append(rec)
+        # the loop's glue (push_forward_model_kwargs_and_inputs): append the matched tokens, carry the rest
+        collected += matched[0].tolist()
+        tcs = torch.cat([tcs[:, -1:], matched_scores], 1)
+        carry, carry_scores = (unmatched, unmatched_scores) if num_matched < W else (None, None)
+    return out
+
+
+def _stack_rounds(records: list[dict], W: int, V: int, per_slot_resid: bool) -> tuple[dict, dict]:
+    """The per-round records as fixed-shape tensors: inputs (what upstream was handed, its draws) and
+    outputs (what it returned)."""
+    R = len(records)
+    inp = {k: torch.stack([r[k] for r in records]) for k in
+           ("window", "window_q", "logits", "u_target", "rs", "topup")}
+    inp["n_carry"] = torch.tensor([r["n_carry"] for r in records])
+    outp = {k: torch.stack([r[k] for r in records]) for k in ("p", "target_tokens", "next_tokens", "next_scores")}
+    outp["first_misaligned"] = torch.tensor([r["first_misaligned"] for r in records])
+    if per_slot_resid:  # one residual draw per rejected slot (MC-SJD tests every slot)
+        u = torch.full((R, W), -1.0, dtype=torch.float64)  # -1: no draw
+        tok = torch.full((R, W), -1, dtype=torch.long)
+        probs = torch.zeros(R, W, V, dtype=torch.float64)
+        for i, r in enumerate(records):
+            for s, uu, pr, t in zip(r["resid_slot"], r["resid_u"], r["resid_probs"], r["resid_token"]):
+                u[i, s], probs[i, s], tok[i, s] = uu, pr, t
+        inp["resid_u"], outp["resid_probs"], outp["resid_token"] = u, probs, tok
+    else:  # at most one (SJD, GSD stop at the first rejection): at slot resid_slot (-1: none)
+        u = torch.full((R,), -1.0, dtype=torch.float64)  # -1: no draw
+        slot, tok = torch.full((R,), -1, dtype=torch.long), torch.full((R,), -1, dtype=torch.long)
+        probs = torch.zeros(R, V, dtype=torch.float64)
+        for i, r in enumerate(records):
+            assert len(r["resid_slot"]) <= 1
+            if r["resid_slot"]:
+                u[i], slot[i], probs[i], tok[i] = r["resid_u"][0], r["resid_slot"][0], r["resid_probs"][0], \
+                    r["resid_token"][0]
+        inp["resid_u"], outp["resid_slot"], outp["resid_probs"], outp["resid_token"] = u, slot, probs, tok
+    return inp, outp
+
+
+_JACOBI_SOURCES = {
+    "sjd": ("scheduler", "scheduler.jacobi_iteration_lumina_mgpt", "scheduler/jacobi_iteration_lumina_mgpt.py"),
+    "scd": ("lumina1", "scheduler.jacobi_iteration_lumina_mgpt_SCDMC",
+            "lumina1/scheduler/jacobi_iteration_lumina_mgpt_SCDMC.py"),
+    "gsd": ("scheduler", "scheduler.jacobi_iteration_lumina_mgpt", "scheduler/jacobi_iteration_lumina_mgpt.py"),
+}
+# (V, W, target a, target b, cases, rounds): chosen so the fixture holds rejections at every slot,
+# all-accepted rounds, and (MC-SJD) drafts the coupling keeps and moves after the first rejection
+_JACOBI_SETUP = {"sjd": (16, 6, 2.0, 0.5, 4, 5), "scd": (16, 6, 2.0, 0.5, 4, 5), "gsd": (32, 6, 1.5, 0.5, 3, 4)}
+
+
+def _make_jacobi_family(family: str, root: Path, out_dir: Path, manifest: dict) -> None:
+    sub, modname, source = _JACOBI_SOURCES[family]
+    base = root / sub if sub != "scheduler" else root
+    V, W, a, b, n_cases, n_rounds = _JACOBI_SETUP[family]
+    with upstream_path(base, ("scheduler",)):
+        mod = importlib.import_module(modname)
+        target_seed, records, prompts = 7, [], []
+        for c in range(n_cases):
+            torch.manual_seed(100 + c)  # the top-ups' torch.randint uses the global generator
+            gen = torch.Generator().manual_seed(200 + c)  # upstream's self.generator
+            prompt = [c % V, (3 * c + 1) % V]
+            prompts.append(prompt)
+            records += _jacobi_case(mod, family, _TabularTarget(V, target_seed, a, b), prompt, W, V, n_rounds, gen)
+    inp, outp = _stack_rounds(records, W, V, per_slot_resid=family == "scd")
+    inp["case"] = torch.arange(n_cases).repeat_interleave(n_rounds)
+    config = {"V": V, "W": W, "cases": n_cases, "rounds": n_rounds, "prompts": prompts, "dtype": "float64",
+              "target": {"a": a, "b": b, "P": 7, "seed": target_seed,
+                         "logits": "a * A[len(context) % P] + b * B[context[-1]], A, B ~ N(0, 1) (float64)"},
+              "img_vocab": f"0..{V - 1}", "logits_processor": "LogitsProcessorList() (identity)",
+              "logits_warper": None}
+    if family == "gsd":
+        config["gsd"] = {"window": 14, "p_thr": 0.15, "d_thr": 0.5, "head_img_sims": "zeros (every distance passes)"}
+    sampler = {"sjd": "SpeculativeSampler.__call__ (stops at the first rejection)",
+               "scd": "SpeculativeSampler.__call__ (MC: tests every slot, no break)",
+               "gsd": "SpeculativeSampler.__call__ (grouped acceptance)"}[family]
+    name = {"sjd": "sampler_sjd", "scd": "sampler_mc_sjd", "gsd": "sampler_gsd"}[family]
+    note = (f"{n_cases} samples x {n_rounds} Jacobi iterations (batch 1, window W={W}: root + {W - 1} drafts, "
+            f"V={V} image tokens) on a synthetic tabular target; per round r: in.window / in.window_q (the "
+            "drafts and the q upstream tests them with; slot 0 = root), in.n_carry (drafts carried from the "
+            "last round; the rest are top-ups: in.topup = upstream's torch.randint ids, -1 where carried), "
+            "in.logits (fed to sampling_logits2tokens), out.p (its advanced_prob), in.u_target / "
+            "out.target_tokens (the target samples at every slot), in.rs (the acceptance uniforms, "
+            "torch.rand (W, V): draft i is tested with rs[i, window[i]] against p[i - 1]), in.resid_u / "
+            "out.resid_probs / out.resid_token (the residual draws: "
+            + ("one per rejected slot, (R, W)" if family == "scd" else "at most one, at out.resid_slot")
+            + "), out.first_misaligned (the sampler's first rejected slot, W if none), out.next_tokens / "
+            "out.next_scores (the sampler's resampled_target_tokens / _scores: [:fm] emitted, [fm:] the "
+            "next window's drafts and their q). torch.multinomial replaced by a recorded inverse-CDF draw "
+            "(tools/make_upstream_fixtures.py _Draws); float64")
+    save(out_dir, name, name, {}, inp, outp, config, manifest, UPSTREAM_REPOS[family], checkout_commit(root),
+         f"{source} ({sampler}, prefix_matching_next_tokens, sampling_logits2tokens, "
+         "get_multi_token_for_preparation)", 1e-12, note)
+
+
+def make_sjd_sampler(root: Path, out_dir: Path, manifest: dict) -> None:
+    """tyshiwo1/Accelerating-T2I-AR-with-SJD ``scheduler/jacobi_iteration_lumina_mgpt.py``: SJD."""
+    _make_jacobi_family("sjd", root, out_dir, manifest)
+
+
+def make_scd_sampler(root: Path, out_dir: Path, manifest: dict) -> None:
+    """junhyukso/SCD ``lumina1/scheduler/jacobi_iteration_lumina_mgpt_SCDMC.py``: MC-SJD (maximal coupling)."""
+    _make_jacobi_family("scd", root, out_dir, manifest)
+
+
+def make_gsd_sampler(root: Path, out_dir: Path, manifest: dict) -> None:
+    """junhyukso/GSD ``scheduler/jacobi_iteration_lumina_mgpt.py``: GSD's grouped acceptance."""
+    _make_jacobi_family("gsd", root, out_dir, manifest)
+
+
+def _pac_tree_layout(mod, L: int, K: int, D: int):
+    """Upstream's tree (``generate_tree_mask_and_retrieve``): its parents, each node's rank path
+    (rank = tree_indices // M, the candidate row a node reads) and the leaf rows (``retrieve``)."""
+    mask, retrieve, from_tree_ids = mod.generate_tree_mask_and_retrieve(L, K, D)
+    M = retrieve.shape[1]
+    depth = mask.sum(-1) - 1
+    parents = [-1] + [max((j for j in range(i) if mask[i, j]), key=lambda j: int(depth[j])) for i in range(1, L)]
+    paths = [()]
+    for i in range(1, L):
+        paths.append(paths[parents[i]] + (int(from_tree_ids[i]) // M,))
+    return retrieve, from_tree_ids, torch.tensor(parents), paths, M
+
+
+def _pac_case(mod, target: _TabularTarget, prompt: list[int], L: int, K: int, D: int, V: int, img_start: int,
+              rounds: int, generator: torch.Generator) -> tuple[list[dict], dict]:
+    """``rounds`` SJD-PAC iterations of one sample (batch 1, L tree nodes, the root included) with
+    ``SJDPACSpeculativeSampler``; the glue (``_sample`` / ``push_forward_model_kwargs_and_inputs``):
+    the target's p at every node in its path's context, gathered along upstream's leaf rows
+    (``retrieve``; a padded index -1 reads the window's last node, as upstream's
+    ``logits[0, retrieve_indices]``), the next tree ``sampled_tokens.flatten()[from_tree_ids]`` and
+    its q ``res_p``."""
+    retrieve, from_tree_ids, parents, paths, M = _pac_tree_layout(mod, L, K, D)
+    sampler = mod.SJDPACSpeculativeSampler(generator=generator)
+    # upstream hard-codes Lumina's image tokens 4..8195 for its top-ups (uniform q = 1 / 8192):
+    # the same constants for this vocabulary's image tokens img_start..V-1
+    sampler.img_start, sampler.img_end, sampler.uni_val = img_start, V, 1.0 / (V - img_start)
+    mod.setup_speculative_tree_buffers(sampler, K, D, "cpu")
+    img_vocab = torch.arange(img_start, V)
+    collected = list(prompt)
+    with _Draws() as draws:
+        add_tokens, add_scores = mod.get_multi_token_for_preparation(img_vocab, V, L - 1, torch.tensor([collected]),
+                                                                      "cpu")
+    init_ids = draws.take("randint")["out"]
+    nodes = torch.cat([torch.tensor([collected[-1]]), add_tokens[0]])
+    q_in = torch.hstack((torch.zeros_like(add_scores[:, :1]), add_scores)).double()[:, :M]  # read: columns 0..M-1
+    out = []
+    for _ in range(rounds):
+        ctx = collected[:-1]
+        node_path_tokens = []
+        for i in range(L):  # the node's tokens from the root
+            seq, j = [], i
+            while j >= 0:
+                seq.append(int(nodes[j]))
+                j = int(parents[j])
+            node_path_tokens.append(seq[::-1])
+        node_p = torch.stack([torch.softmax(target.logits(ctx + s), -1) for s in node_path_tokens])
+        advanced = node_p[retrieve]  # (leaf rows, M, V); -1 reads node L - 1
+        draft_tokens = torch.hstack((nodes, torch.tensor([-1])))[retrieve]
+        with _Draws() as draws:
+            acc_len1, acc_row, sampled, res_p = sampler(draft_tokens=draft_tokens, draft_prob=q_in.clone(),
+                                                        advanced_prob=advanced.clone())
+        rnd = draws.take("rand")["out"]
+        mult = draws.take("multinomial")
+        assert not draws.events
+        new_nodes = sampled.flatten()[from_tree_ids]
+        out.append({"nodes": nodes.clone(), "q_in": q_in[0].clone(), "node_p": node_p, "rnd": rnd,
+                    "mult_u": mult["u"], "mult_probs": mult["probs"], "acc_len": acc_len1 - 1, "acc_row": acc_row,
+                    "sampled": sampled.clone(), "res_p": res_p[0].clone(), "next_nodes": new_nodes.clone()})
+        collected += draft_tokens[acc_row, 1:acc_len1].tolist() + [int(new_nodes[0])]
+        nodes, q_in = new_nodes, res_p
+    layout = {"retrieve": retrieve, "from_tree_ids": from_tree_ids, "parents": parents, "init_ids": init_ids[0],
+              "paths": [list(p) for p in paths], "M": M}
+    return out, layout
+
+
+def make_sjd_pac_sampler(root: Path, out_dir: Path, manifest: dict) -> None:
+    """KangJialiang/SJD-PAC ``scheduler/sjd_pac_iteration_lumina_mgpt.py``: ``SJDPACSpeculativeSampler``
+    (tree verification by leaf rows, adaptive continuation, proactive drafting) with
+    ``generate_tree_mask_and_retrieve`` / ``setup_speculative_tree_buffers`` / ``get_multi_token_for_preparation``."""
+    L, K, D, V, img_start = 16, 3, 3, 20, 4
+    a, b, target_seed, cases, n_rounds = _PAC_SETUP
+    n_cases = len(cases)
+    records, prompts, layout = [], [], None
+    with upstream_path(root, ("scheduler",)):
+        mod = importlib.import_module("scheduler.sjd_pac_iteration_lumina_mgpt")
+        for c in cases:
+            torch.manual_seed(300 + c)  # initial top-ups (randint) and the sampler's multinomial: global generator
+            gen = torch.Generator().manual_seed(400 + c)  # the sampler's torch.rand
+            prompt = [img_start + c % (V - img_start), img_start + (5 * c + 2) % (V - img_start)]
+            prompts.append(prompt)
+            recs, lay = _pac_case(mod, _TabularTarget(V, target_seed, a, b), prompt, L, K, D, V, img_start, n_rounds,
+                                  gen)
+            records += recs
+            assert layout is None or torch.equal(layout["retrieve"], lay["retrieve"])
+            layout = lay
+    inp = {k: torch.stack([r[k] for r in records]) for k in ("nodes", "q_in", "node_p", "rnd", "mult_u")}
+    outp = {k: torch.stack([r[k] for r in records]) for k in ("sampled", "res_p", "next_nodes")}
+    outp["resid"] = torch.stack([r["mult_probs"] for r in records])
+    outp["acc_len"] = torch.tensor([r["acc_len"] for r in records])
+    outp["acc_row"] = torch.tensor([r["acc_row"] for r in records])
+    inp["case"] = torch.arange(n_cases).repeat_interleave(n_rounds)
+    for k in ("retrieve", "from_tree_ids", "parents"):
+        inp[k] = layout[k]
+    M = layout["M"]
+    config = {"V": V, "L": L, "K": K, "D": D, "M": M, "img_start": img_start, "cases": cases, "rounds": n_rounds,
+              "prompts": prompts, "paths": layout["paths"], "dtype": "float64",
+              "target": {"a": a, "b": b, "P": 7, "seed": target_seed,
+                         "logits": "a * A[len(context) % P] + b * B[context[-1]], A, B ~ N(0, 1) (float64)"},
+              "sampler_constants": {"img_start": img_start, "img_end": V, "uni_val": 1.0 / (V - img_start)}}
+    note = (f"{n_cases} samples x {n_rounds} iterations (batch 1) of upstream's sampler on a tree of L={L} nodes "
+            f"(tree_width K={K}, tree_depth D={D}: a full {K}-ary tree over depths 1..{D - 1}, then the rank-0 "
+            f"chain to depth {M - 1}; = our pac_tree(window={M}, width={K}, depth={D})), V={V} (image tokens "
+            f"{img_start}..{V - 1}) on a synthetic tabular target; per round: in.nodes (L) upstream's node "
+            "tokens (node 0 = root; upstream's node order, config.paths its rank paths), in.q_in (M, V) the "
+            "draft_prob by depth, in.node_p (L, V) the target at each node (the sampler gets node_p[retrieve]), "
+            "in.rnd (leaf rows, M-1) its torch.rand, in.mult_u (M, K) the uniforms of its one "
+            "torch.multinomial(res_p, K), out.acc_len / out.acc_row (accepted drafts, leaf row), "
+            "out.resid (M, V) the rows it drew from (rows >= acc_len's residuals, then the uniform top-up rows), "
+            "out.sampled (K, M) the candidates (column 0 row 0: the emitted token), out.res_p (M, V) the "
+            "next draft_prob, out.next_nodes (L) the next tree; in.retrieve / from_tree_ids / parents: the "
+            "tree. Upstream's top-up constants set to this vocabulary (img_start, img_end, uni_val). "
+            "torch.multinomial replaced by a recorded inverse-CDF draw without replacement (_Draws); float64")
+    save(out_dir, "sampler_sjd_pac", "sampler_sjd_pac", {}, inp, outp, config, manifest, UPSTREAM_REPOS["sjd_pac"],
+         checkout_commit(root), "scheduler/sjd_pac_iteration_lumina_mgpt.py (SJDPACSpeculativeSampler.__call__, "
+         "generate_tree_mask_and_retrieve, setup_speculative_tree_buffers, get_multi_token_for_preparation)",
+         1e-12, note)
+
+
+# target a, b, seed; case seeds, rounds: of the first 150 seeds, cases that show upstream's deviations
+# (tests/engine/test_upstream_samplers.py): 10 and 12 a longest-row choice that is not recursive
+# rejection's (about 2% of rounds on this target), 2 and 5 all-accepted rounds, 5 (its first round) and
+# 91 (a later one) a tested sibling duplicating an earlier one (q = 0), 2 drafts the stale test rejects
+# at a branching depth, 5 a carried depth right after an accepted sibling subtree's leaf
+_PAC_SETUP = (2.0, 0.3, 7, [2, 5, 10, 12, 91], 4)
+
+
+# ------------------------------------------------------------------------------------ ZipAR (LlamaGen)
+# (case, cfg_scale, temperature, top_k, uniform seed): guided at upstream's cfg 2.0 with plain softmax;
+# unguided with a temperature and a top-k, so the sampler's warping is compared too
+_ZIPAR_CASES = (("cfg2", 2.0, 1.0, 0, 21), ("cfg1", 1.0, 0.9, 12, 22))
+
+
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The token where ``u * mass`` falls in the CDF (token order) of each row of ``probs`` (float64),
+    the last token with mass if rounding overshoots: ``_Draws``' draw, the law of ``torch.multinomial``."""
+    p = probs.to(torch.float64)
+    cdf = p.cumsum(-1)
+    t = torch.searchsorted(cdf.contiguous(), (u.unsqueeze(-1) * cdf[:, -1:]).contiguous(), right=True)[:, 0]
+    last = p.shape[-1] - 1 - torch.flip(p > 0, dims=[-1]).to(torch.int8).argmax(-1)
+    return torch.minimum(t, last)
+
+
+def _zipar_case(gen, model, caption, emb_mask, T: int, N: int, cfg_scale: float, temperature: float, top_k: int,
+                seed: int) -> dict:
+    """One run of upstream's ``generate_zipar.generate`` (t2i, batch = the real rows + one PROBE row,
+    the last) with its model's ``forward`` and ``generate_zipar.sample`` wrapped to record, and
+    ``torch.multinomial`` replaced inside ``sample``: the real rows draw by inverse CDF from a recorded
+    uniform (the same law), the probe row "draws" the image index of the cell being sampled, so its
+    fed tokens are the grid indices of what every query fed (aux copies included; upstream's own
+    bookkeeping moves them; its final tokens must come out as 0..N-1). Per forward: the fed tokens,
+    ``input_pos``, upstream's CFG-combined logits of every query (its formula; each ``sample`` call's
+    logits are checked to be one of them, bit for bit) and, read from every layer's static
+    ``KVCache`` after the forward wrote its entries, the image slots whose keys and values are all zero
+    (not written yet)."""
+    B = caption.shape[0] - 1  # real rows; the probe is the last
+    forwards, state = [], {}
+    g = torch.Generator().manual_seed(seed)
+    orig_forward, orig_sample, orig_multinomial = model.forward, gen.sample, torch.multinomial
+
+    def forward(idx, cond_idx, input_pos=None, *args, **kw):
+        logits, loss = orig_forward(idx, cond_idx, input_pos, *args, **kw)
+        if cfg_scale > 1.0:  # generate_zipar's combination (prefill, decode_one_token, decode_n_tokens_zipar)
+            cond_l, uncond_l = torch.split(logits, len(logits) // 2, dim=0)
+            comb = uncond_l + (cond_l - uncond_l) * cfg_scale
+        else:
+            comb = logits
+        zero = torch.stack([((layer.attention.kv_cache.k_cache[:, :, T:T + N] == 0).all(-1).all(1)
+                             & (layer.attention.kv_cache.v_cache[:, :, T:T + N] == 0).all(-1).all(1))
+                            for layer in model.layers])  # (layers, rows, N)
+        assert (zero == zero[0, 0]).all(), "zero slots differ between layers or rows"
+        pos = input_pos.to(torch.long).clone()
+        m = pos.shape[0]
+        fed = None if idx is None else idx[: B + 1].clone()  # the cond half (the uncond half is the same)
+        forwards.append({"pos": pos, "fed": fed, "logits": comb.clone(),
+                         "zero": ((T + torch.arange(N)).unsqueeze(0) <= pos.unsqueeze(1)) & zero[0, 0],
+                         "sampled": [False] * m, "u": torch.full((m, B), float("nan"), dtype=torch.float64),
+                         "probs": torch.zeros(m, B, comb.shape[-1]), "tok": torch.full((m, B), -1)})
+        return logits, loss
+
+    def multinomial(probs, num_samples, replacement=False, *, generator=None):
+        assert num_samples == 1 and probs.shape[0] == B + 1
+        u = torch.rand(B, generator=g, dtype=torch.float64)
+        state["u"], state["probs"] = u, probs[:B].clone()
+        return torch.cat([_inverse_cdf(probs[:B], u), torch.tensor([state["cell"]])]).unsqueeze(1)
+
+    def sample(logits, **kw):
+        f = forwards[-1]
+        lg = logits[:, -1, :]
+        cols = [j for j in range(f["logits"].shape[1]) if torch.equal(f["logits"][:, j], lg)]
+        assert len(cols) == 1, f"sample() got logits that are not exactly one query's of the last forward: {cols}"
+        j = cols[0]
+        state["cell"] = int(f["pos"][j]) - T + 1  # the query at position p draws cell p - T + 1 (checked below)
+        torch.multinomial = multinomial
+        try:
+            idx, probs = orig_sample(logits, **kw)
+        finally:
+            torch.multinomial = orig_multinomial
+        f["sampled"][j] = True
+        f["u"][j], f["probs"][j], f["tok"][j] = state["u"], state["probs"], idx[:B, 0]
+        return idx, probs
+
+    model.reset_zipar()  # as sample_c2i_ddp_zipar.py does after every batch
+    model.forward = forward
+    gen.sample = sample
+    try:
+        with torch.no_grad():
+            ids = gen.generate(model, caption, N, emb_masks=emb_mask.clone(), cfg_scale=cfg_scale,
+                               temperature=temperature, top_k=top_k, top_p=1.0)
+    finally:
+        del model.forward
+        gen.sample = orig_sample
+        torch.multinomial = orig_multinomial
+    assert ids.shape == (B + 1, N)
+    assert torch.equal(ids[B], torch.arange(N)), f"probe row: {ids[B].tolist()}"  # each draw landed in its cell
+    # flatten to entries (one per query, feed order); entry 0 = the prefill's last text slot (position -1)
+    e = {k: [] for k in ("fwd", "pos", "fed_index", "fed_tokens", "logits", "zero", "sample", "u", "probs", "tok")}
+    for k, f in enumerate(forwards):
+        cols = [len(f["pos"]) - 1] if k == 0 else range(len(f["pos"]))  # the prefill: its last slot only
+        for j in cols:
+            p = int(f["pos"][j]) - T
+            e["fwd"].append(k)
+            e["pos"].append(p)
+            e["fed_index"].append(-1 if f["fed"] is None else int(f["fed"][B, j]))
+            e["fed_tokens"].append(torch.full((B,), -1) if f["fed"] is None else f["fed"][:B, j])
+            e["logits"].append(f["logits"][:B, j])
+            e["zero"].append(f["zero"][j])
+            e["sample"].append(p + 1 if f["sampled"][j] else -1)
+            e["u"].append(f["u"][j]), e["probs"].append(f["probs"][j]), e["tok"].append(f["tok"][j])
+    out = {"fwd": torch.tensor(e["fwd"]), "pos": torch.tensor(e["pos"]), "fed_index": torch.tensor(e["fed_index"]),
+           "sample": torch.tensor(e["sample"]), "fed_tokens": torch.stack(e["fed_tokens"], 1),
+           "logits": torch.stack(e["logits"], 1), "zero_slots": torch.stack(e["zero"]),
+           "u": torch.stack(e["u"], 1), "probs": torch.stack(e["probs"], 1), "drawn": torch.stack(e["tok"], 1),
+           "tokens": ids[:B].clone()}
+    s = out["sample"] >= 0
+    assert sorted(out["sample"][s].tolist()) == list(range(N))  # every cell drawn once
+    assert torch.equal(out["tokens"][:, out["sample"][s]], out["drawn"][:, s])  # and kept as drawn
+    return out
+
+
+def make_zipar_llamagen(root: Path, out_dir: Path, manifest: dict) -> None:
+    """ThisisBillhe/ZipAR ``LlamaGen-ZipAR/autoregressive/models/generate_zipar.py`` (``generate``:
+    prefill, row 0 by ``decode_n_tokens``, the rest by ``decode_n_tokens_zipar``) on its ``gpt.py``
+    ``Transformer`` (t2i: our class has no c2i path; a left-padded caption as ``sample_t2i.py`` feeds
+    it), a 5 x 5 grid, ``zipar_window_size`` 2 (row r-1 then leads row r by 4 of 5 tokens when row r+1
+    starts, so the auxiliary token comes from an unfinished row: upstream's ``need_clear_last_kvcache``
+    case). Nothing is stubbed; ``_zipar_case`` records (see there)."""
+    src = root / "LlamaGen-ZipAR" if (root / "LlamaGen-ZipAR").is_dir() else root
+    commit = checkout_commit(root)
+    H, window = 5, 2
+    with upstream_path(src, ("autoregressive", "utils", "tokenizer", "language", "dataset")):
+        gpt = importlib.import_module("autoregressive.models.gpt")
+        gen = importlib.import_module("autoregressive.models.generate_zipar")
+        cfg = {"dim": 32, "n_layer": 2, "n_head": 2, "vocab_size": 32, "cls_token_num": 120, "caption_dim": 16,
+               "block_size": H * H, "multiple_of": 16, "norm_eps": 1e-5, "rope_base": 10000.0}
+        torch.manual_seed(0)
+        model = gpt.Transformer(gpt.ModelArgs(model_type="t2i", **cfg)).eval()
+        randomize(model, seed=5, std=0.3)
+        round_fp16(model)
+        model.zipar_window_size = window  # as sample_c2i_ddp_zipar.py sets it
+        weights = {k: v.clone() for k, v in model.state_dict().items() if "kv_cache" not in k and k != "freqs_cis"}
+        T, N = cfg["cls_token_num"], cfg["block_size"]
+        g = torch.Generator().manual_seed(6)
+        valid = [7, T, T]  # two real captions (7 and 120 valid slots), the probe row last
+        emb_mask = left_padded_mask(valid, T)
+        caption = torch.randn(len(valid), T, cfg["caption_dim"], generator=g) * emb_mask[:, :, None]
+        inputs = {"caption": caption[:-1], "emb_mask": emb_mask[:-1]}
+        outputs, cases = {}, {}
+        for name, cfg_scale, temperature, top_k, seed in _ZIPAR_CASES:
+            rec = _zipar_case(gen, model, caption, emb_mask, T, N, cfg_scale, temperature, top_k, seed)
+            for k in ("fwd", "pos", "fed_index", "sample", "fed_tokens", "u"):
+                inputs[f"{name}.{k}"] = rec[k]
+            for k in ("logits", "zero_slots", "probs", "drawn", "tokens"):
+                outputs[f"{name}.{k}"] = rec[k]
+            cases[name] = {"cfg_scale": cfg_scale, "temperature": temperature, "top_k": top_k, "top_p": 1.0,
+                           "uniform_seed": seed, "entries": int(rec["pos"].shape[0]),
+                           "forwards": int(rec["fwd"].max()) + 1,
+                           "entries_with_zero_slots": int(rec["zero_slots"].any(-1).sum()),
+                           "logit_scale": round(rec["logits"].abs().max().item(), 3)}
+    config = dict(cfg, height=H, width=H, window=window, valid=valid[:-1], cases=cases)
+    note = (f"upstream generate() on a {H}x{H} grid, window {window}, batch 2 (left-padded captions, {valid[0]} and "
+            f"{T} valid slots) + a probe row (not stored) whose draws are the cells' indices; per case (cfg2: cfg 2.0, "
+            "temperature 1; cfg1: unguided, temperature 0.9, top-k 12), one entry per query in feed order (entry 0: "
+            "the prefill's last text slot, position -1): in.<case>.fwd (forward, 0 = prefill), .pos (input_pos - "
+            "cls_token_num), .fed_index (the grid index of the fed token, from the probe row), .fed_tokens (B, E), "
+            ".sample (the cell its output draws, -1 unused), .u (B, E) the uniform of the draw (NaN unused); "
+            "out.<case>.logits (B, E, V) after CFG, .zero_slots (E, N) image slots <= the query's position still "
+            "all-zero in every layer's static cache when it ran, .probs (B, E, V) the warped p upstream drew from, "
+            ".drawn (B, E), .tokens (B, N) generate()'s output. torch.multinomial replaced inside sample() by an "
+            "inverse-CDF draw from the recorded uniform (float64 CDF; the same law); fp32 model, weights fp16-exact")
+    save(out_dir, "zipar_llamagen", "zipar_llamagen", weights, inputs, outputs, config, manifest,
+         UPSTREAM_REPOS["zipar"], commit,
+         "LlamaGen-ZipAR/autoregressive/models/generate_zipar.py (generate, decode_n_tokens_zipar, sample "
+         "recorded), LlamaGen-ZipAR/autoregressive/models/gpt.py (Transformer t2i, KVCache, reset_zipar)",
+         tolerance=1e-4, note=note)
+
+
 # ------------------------------------------------------------------------------------ main
 FAMILIES = {
     "llamagen": [make_llamagen_gpt, make_llamagen_vq],
@@ -1237,6 +1839,11 @@ FAMILIES = {
     "mar": [make_mar, make_kl16],
     "xar": [make_xar],
     "harmon": [make_harmon],
+    "sjd": [make_sjd_sampler],
+    "scd": [make_scd_sampler],
+    "gsd": [make_gsd_sampler],
+    "sjd_pac": [make_sjd_pac_sampler],
+    "zipar": [make_zipar_llamagen],
 }
 EXTRA = {"llamagen": [make_t5]}  # run after every family (make_t5 reads LANTERN's prompt files when given)
 
@@ -1249,6 +1856,12 @@ def main(argv=None) -> int:
     ap.add_argument("--mar", type=Path, help="checkout of LTH14/mar")
     ap.add_argument("--xar", type=Path, help="checkout of OliverRensu/xAR")
     ap.add_argument("--harmon", type=Path, help="checkout of wusize/Harmon (git archive; UPSTREAM_COMMIT)")
+    ap.add_argument("--sjd", type=Path, help="checkout of tyshiwo1/Accelerating-T2I-AR-with-SJD (sampler only)")
+    ap.add_argument("--scd", type=Path, help="checkout of junhyukso/SCD (MC-SJD sampler only)")
+    ap.add_argument("--gsd", type=Path, help="checkout of junhyukso/GSD (sampler only)")
+    ap.add_argument("--sjd-pac", type=Path, help="checkout of KangJialiang/SJD-PAC (sampler only)")
+    ap.add_argument("--zipar", type=Path,
+                    help="checkout of ThisisBillhe/ZipAR (its root or LlamaGen-ZipAR/; git archive: UPSTREAM_COMMIT)")
     ap.add_argument("--hf-chameleon", action="store_true",
                     help="also make the transformers ChameleonForConditionalGeneration fixture (installed package)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -1269,7 +1882,8 @@ def main(argv=None) -> int:
         pass
     given = {name: getattr(args, name) for name in FAMILIES if getattr(args, name) is not None}
     if not given and not args.hf_chameleon:
-        ap.error("give at least one upstream checkout (--llamagen, --lantern, --lumina, --mar, --xar, --harmon) "
+        ap.error("give at least one upstream checkout (--llamagen, --lantern, --lumina, --mar, --xar, --harmon, "
+                 "--sjd, --scd, --gsd, --sjd-pac, --zipar) "
                  "or --hf-chameleon")
     for name, root in given.items():
         if not root.is_dir():

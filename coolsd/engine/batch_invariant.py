@@ -37,6 +37,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from coolsd.engine.model_protocol import StepOut
+
 _ACTIVE = [False]
 
 
@@ -123,3 +125,19 @@ def per_sample(fn, x):
     if not _ACTIVE[0] or len(x) <= 1:
         return fn(x)
     return _concat([fn(x[b : b + 1]) for b in range(len(x))])
+
+
+def forward_each(targets: list, tokens: torch.Tensor, positions: torch.Tensor, attend: torch.Tensor):
+    """``ARModel.forward`` of a batch held as one batch-1 target per sample (a target whose prefill
+    of prompts of different lengths runs each prompt alone): each sample's rows to its own target,
+    the outputs stacked. ``positions`` (B, m) or (1, m); ``attend`` (m, P+m) or (B, m, P+m)."""
+    outs = [t.forward(tokens[b : b + 1], positions[b : b + 1] if positions.shape[0] > 1 else positions,
+                      attend[b : b + 1] if attend.dim() == 3 else attend)
+            for b, t in enumerate(targets)]
+    return StepOut(logits=torch.cat([o.logits for o in outs]), hidden=torch.cat([o.hidden for o in outs]))
+
+
+def commit_each(targets: list, keep, n_keep: torch.Tensor) -> None:
+    """``ARModel.commit`` of a batch held as one batch-1 target per sample (``forward_each``)."""
+    for b, t in enumerate(targets):
+        t.commit(None if keep is None else keep[b : b + 1], n_keep[b : b + 1])

@@ -1,4 +1,5 @@
-"""The one generation loop (docs/methods.md#13-verification-at-one-tree-depth-d, #4-sjd): every discrete method runs through here.
+"""The one generation loop (docs/methods.md#13-verification-at-one-tree-depth-d, #4-sjd): every discrete method runs through here
+(row-parallel ones, several image rows a forward, through ``coolsd.engine.rows``, which it calls).
 
 Round: the drafter proposes a tree rooted at the last emitted token; ONE target forward scores
 the root and every node under the tree mask; ``verify_tree`` walks it with the method's rule;
@@ -8,7 +9,6 @@ Plain AR is the same loop with the empty tree (tau = 1).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple, Optional
 
 import torch
@@ -21,6 +21,8 @@ from coolsd.engine.decoding.trees import EMPTY_TREE, Tree
 from coolsd.engine.decoding.verify import verify_tree
 from coolsd.engine.drafting import RoundInfo, SamplingConfig
 from coolsd.engine.model_protocol import ARModel
+from coolsd.engine.generation_result import GenerationResult, NonFiniteLogits, _check_finite, _nonfinite  # noqa: F401
+from coolsd.engine.rows import PJDRows, RowParallel, pjd_generate, row_parallel_generate
 from coolsd.engine.signals import (
     DEPTH,
     KL,
@@ -34,62 +36,6 @@ from coolsd.engine.signals import (
     target_log_probs,
     write_signals,
 )
-
-
-@dataclass
-class GenerationResult:
-    tokens: torch.Tensor  # (B, N)
-    round_lengths: list[list[int]]  # per sample: tokens emitted in each round
-    target_forwards: list[int]  # per sample: target forwards incl. prefill
-    draft_forwards: int  # drafter forwards for the whole batch
-    seconds: float  # wall time of the loop (prefill included, decoding to pixels excluded)
-    first_from_prefill: bool = True
-    # "signal_s": the eager loop's time on the quality signals (seconds, device-timed: CUDA events),
-    # inside ``seconds``; absent for compiled rounds (their signals are fused into the round)
-    extra: dict = field(default_factory=dict)
-    # (B, N) per emitted token: TV and KL of the distribution it was emitted from to the target's
-    # (coolsd.engine.decoding.distortion, docs/distortion.md); 0 for tokens drawn from p (AR, bonus, lossless
-    # rules), NaN for trees with siblings (no closed form)
-    step_tv: Optional[torch.Tensor] = None
-    step_kl: Optional[torch.Tensor] = None
-    # (B, N) per emitted token: -log p(x_t) under the target's guided distribution at the sampling
-    # temperature, before top-k / top-p (``token_nll``); whether x_t lies outside the warped support
-    # (``token_off_support``, 0/1: a relaxed rule can accept such a token); the round depth it was
-    # verified at (``token_depth``: 1..L, 0 for a token drawn from p: the first, a bonus, AR);
-    # ``token_nll_expected``: E[-log p(x_t) | prefix, round] = -sum_y pi_t(y) log p(y), the exact
-    # conditional expectation of ``token_nll`` (the same mean, without the token draw's noise;
-    # docs/distortion.md section 6), NaN where pi_t has no closed form (verified sibling nodes)
-    token_nll: Optional[torch.Tensor] = None
-    token_nll_expected: Optional[torch.Tensor] = None
-    token_off_support: Optional[torch.Tensor] = None
-    token_depth: Optional[torch.Tensor] = None
-
-    def accepted_length(self, b: int) -> float:
-        """tau: mean tokens per verification round (docs/methods.md#0-notation)."""
-        r = self.round_lengths[b]
-        return sum(r) / len(r) if r else float("nan")
-
-
-class NonFiniteLogits(FloatingPointError):
-    """The target produced NaN or inf logits for ``sample`` while predicting image token
-    ``position`` (the sample cannot continue; a job records it as failed and goes on)."""
-
-    def __init__(self, sample: int, position: int):
-        super().__init__(f"non-finite (nan/inf) target logits for sample {sample} at image token position {position}")
-        self.sample, self.position = sample, position
-
-
-def _nonfinite(logits: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
-    """(B,) active samples whose logits (B, m, V) are not all finite (no host read)."""
-    return ~torch.isfinite(logits).all(-1).all(-1) & active.to(logits.device)
-
-
-def _check_finite(logits: torch.Tensor, n_out: torch.Tensor, active: torch.Tensor) -> None:
-    """logits (B, m, V): every active sample's rows must be finite (one reduction, one sync)."""
-    bad = _nonfinite(logits, active)
-    if bool(bad.any()):
-        b = int(bad.nonzero()[0, 0])
-        raise NonFiniteLogits(b, int(n_out[b]))
 
 
 def speculative_generate(
@@ -126,6 +72,10 @@ def speculative_generate(
     """
     dev = torch.device(getattr(target, "device", "cpu"))
     rng = rng.on(dev)  # counter-based streams computed on the target's device (coolsd.engine.decoding.rng)
+    if isinstance(drafter, (RowParallel, PJDRows)):  # several rows a forward (ZipAR, PJD): coolsd.engine.rows
+        run = row_parallel_generate if isinstance(drafter, RowParallel) else pjd_generate
+        with torch.device(dev):
+            return run(target, n_tokens, rng, drafter, sampling, cond, batch_size, sync, distortion)
     rule = rule.on(dev) if rule is not None else None
     if dev.type != "cpu":
         with torch.device(dev):

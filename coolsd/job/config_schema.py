@@ -31,7 +31,7 @@ from typing import Any, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from coolsd.engine.methods import ParamError, check_method
+from coolsd.engine.methods import ParamError, check_method, method_info
 from coolsd.engine.methods.cspd import refuse_flow_head_params
 from coolsd.job.shards import Shard
 from coolsd.prompts import load_prompt_file, prompt_pool
@@ -333,6 +333,19 @@ def _check_values(cfg, world_cls):
         raise ConfigError("compile=true and deterministic.batch_invariant=true exclude each other (compiled kernels "
                           "fuse and reorder float operations); set one of them to false")
 
+    if world_cls.family == "discrete" and _row_parallel(name) and not world_cls.row_parallel:
+        have = ", ".join(n for n in world_names() if world_class(n).row_parallel)
+        raise ConfigError(f"method={name} decodes several image rows a forward, which target={cfg.target.name} does "
+                          f"not implement yet ({have} do)")
+    if name == "zipar" and world_cls.row_parallel and params.get("window") is not None:
+        n = world_cls.image_tokens(cfg)
+        side = math.isqrt(n) if n else 0
+        if side and side * side == n and not (isinstance(params["window"], int) and 1 <= params["window"] < side):
+            raise ConfigError(f"method.window={params['window']!r} is invalid: it must be an integer in [1, {side - 1}] "
+                              f"(target {cfg.target.name}'s grid is {side} tokens wide)")
+    if cfg.get("compile", False) and _row_parallel(name):
+        raise ConfigError(f"method={name} runs eagerly only (its forwards change shape with the rows): set compile=false")
+
     try:  # the registry's names, family and parameters (coolsd.engine.methods.check_params: the one place)
         check_method(name, world_cls.family, params)
         if world_cls.family == "continuous" and _get(cfg, "target.flow") is not None:  # no head to override
@@ -346,3 +359,11 @@ def _check_values(cfg, world_cls):
     check_target_variant(cfg, world_cls)
     return world_cls
 
+
+def _row_parallel(name: str) -> bool:
+    """Whether method ``name`` is row-parallel (drafter kind ``rows`` or ``pjd``: coolsd.engine.rows); False for unknown
+    names (the registry's check words that error)."""
+    try:
+        return method_info(name).drafter in ("rows", "pjd")
+    except ValueError:
+        return False

@@ -11,6 +11,11 @@ Invariants:
 * A committed slot is visible to every later query unless ``hidden_slots`` marks it (e.g. text
   padding); a pending entry is visible to a query only where the caller's ``attend`` says so.
 * ``commit`` leaves no pending entries.
+* Visibility by position (row-parallel decoding, docs/methods.md section 8.1): a forward given
+  ``positions`` records each new entry's logical position and lets a query at position p see only
+  the committed entries at positions < p (entries without a recorded position, the condition, stay
+  visible); committing an entry at a position that an earlier committed entry holds hides the older
+  one (upstream ZipAR overwrites that slot of its static cache).
 * ``static=True`` (the compiled decode path, ``coolsd.engine.compiled``): every forward attends the whole
   buffer under its mask and writes by scatter, so shapes depend only on (m, P), never on the
   committed lengths, and ``prepare`` reads no tensor on the host; the buffer never grows.
@@ -25,6 +30,8 @@ import torch.nn.functional as F
 
 from coolsd.engine import batch_invariant
 from coolsd.engine.host_reads import host_checks
+
+NO_POSITION = -(1 << 62)  # a slot without a recorded position (the condition): visible to every query
 
 
 @dataclass
@@ -99,19 +106,24 @@ class KVCache:
         if getattr(self, "length", None) is not None:
             self.length.zero_()
             self.hidden_slots.zero_()
+            self.slot_pos.fill_(NO_POSITION)
         else:
             self.length = torch.zeros(B, dtype=torch.long, device=self.device)
             self.hidden_slots = torch.zeros(B, self.max_len, dtype=torch.bool, device=self.device)
+            self.slot_pos = torch.full((B, self.max_len), NO_POSITION, dtype=torch.long, device=self.device)
+        self.by_position = False  # set by the first forward given positions: commits then hide overwritten slots
         self.n_pending = 0
         self._max_committed = 0  # host upper bound of int(length.max()), advanced by commit without a read
         self._same_length = True  # whether every sample's length is known on the host to equal the bound
 
     # ------------------------------------------------------------------ forward side
-    def prepare(self, attend: torch.Tensor, m: int, valid: Optional[torch.Tensor] = None) -> CacheStep:
+    def prepare(self, attend: torch.Tensor, m: int, valid: Optional[torch.Tensor] = None,
+                positions: Optional[torch.Tensor] = None) -> CacheStep:
         """Mask and write slots for m new tokens. ``attend``: (m, P+m) or (B, m, P+m) bool over
         the existing pending entries then the new ones (P = ``n_pending``). ``valid`` (B,): how
         many of the m rows are real per sample (right-padded prompts of different lengths; the
-        padded rows' outputs are never used)."""
+        padded rows' outputs are never used). ``positions`` (B, m): visibility by position (the
+        module docstring): committed entries at positions >= a query's are hidden from it."""
         B, P = self.batch_size, self.n_pending
         attend = attend.to(device=self.device, dtype=torch.bool)
         if attend.shape[-2:] != (m, P + m):
@@ -133,8 +145,19 @@ class KVCache:
         att = attend.expand(B, m, P + m)
         idx = rel.clamp(0, P + m - 1).unsqueeze(1).expand(B, m, span)
         pending = torch.gather(att, 2, idx) & in_pending.unsqueeze(1)
-        mask = (committed.unsqueeze(1) | pending).unsqueeze(1)
         slots = self.length.unsqueeze(1) + P + torch.arange(m, device=self.device)
+        if positions is not None:
+            if self.static:
+                raise ValueError("visibility by position (row-parallel decoding) needs the eager cache (compile=false)")
+            positions = positions.to(self.device, torch.long).expand(B, m)
+            self.slot_pos.scatter_(1, slots, positions)
+            self.by_position = True
+            held = self.slot_pos[:, :span]
+            replaced = (held.unsqueeze(2) == positions.unsqueeze(1)).any(2)  # a new entry takes this position
+            seen = (committed & ~replaced).unsqueeze(1) & (held.unsqueeze(1) < positions.unsqueeze(2))
+            mask = (seen | pending).unsqueeze(1)
+        else:
+            mask = (committed.unsqueeze(1) | pending).unsqueeze(1)
         start = None if self.static or not self._same_length else self._max_committed + P
         rows = spans = None
         if batch_invariant.active():  # each sample over exactly what it would see alone
@@ -199,7 +222,7 @@ class KVCache:
         if host_checks() and bool(((n_keep < 0) | (n_keep > K)).any()):
             raise ValueError(f"n_keep must lie in [0, min({P} pending, {K} keep columns)]")
         if keep is None:
-            if hide is not None:
+            if hide is not None or self.by_position:
                 keep = torch.arange(P, device=self.device).expand(B, P)
             else:
                 K = 0  # in place, nothing to unhide
@@ -220,12 +243,25 @@ class KVCache:
                 old = torch.gather(buf, 2, dst_i)
                 buf.scatter_(2, dst_i, torch.where(valid[:, None, :, None], moved, old))
             self._unhide(dst, valid, hide, K)
+            if self.by_position:
+                self._move_positions(src, dst, valid)
         self.length += n_keep  # in place: the address stays put (see ``reset``)
         self.n_pending = 0
         self._max_committed += added  # host bound, no read
-        if self.cap is not None:
+        if self.cap is not None and not self.by_position:  # by position, replaced entries stay committed (hidden)
             self._max_committed = min(self._max_committed, self.cap)
         self._same_length = False  # unknown without a read: later forwards write by scatter
+
+    def _move_positions(self, src: torch.Tensor, dst: torch.Tensor, valid: torch.Tensor) -> None:
+        """Carry the kept entries' positions to their committed slots, and hide every older
+        committed entry at one of those positions (visibility by position: the newer entry replaces it)."""
+        pos = torch.gather(self.slot_pos, 1, src)
+        old_len = self.length.unsqueeze(1)  # before this commit's ``length += n_keep``
+        span = min(self._max_committed, self.max_len) or 1
+        older = torch.arange(span, device=self.device).unsqueeze(0) < old_len  # (B, span)
+        same = (self.slot_pos[:, :span].unsqueeze(2) == torch.where(valid, pos, NO_POSITION).unsqueeze(1)).any(2)
+        self.hidden_slots[:, :span] |= older & same & (self.slot_pos[:, :span] != NO_POSITION)
+        self.slot_pos.scatter_(1, dst, torch.where(valid, pos, torch.gather(self.slot_pos, 1, dst)))
 
     def _unhide(self, dst: torch.Tensor, valid: torch.Tensor, hide: Optional[torch.Tensor], K: int) -> None:
         h = torch.zeros_like(valid) if hide is None else hide[:, :K].to(self.device, torch.bool)
@@ -274,6 +310,9 @@ class KVCache:
         hidden = torch.zeros(self.batch_size, new_len, dtype=torch.bool, device=self.device)
         hidden[:, :old_len] = self.hidden_slots  # slots beyond the old end are free: not hidden
         self.hidden_slots = hidden
+        pos = torch.full((self.batch_size, new_len), NO_POSITION, dtype=torch.long, device=self.device)
+        pos[:, :old_len] = self.slot_pos
+        self.slot_pos = pos
 
     @staticmethod
     def _padded(t: torch.Tensor, old_len: int, new_len: int) -> torch.Tensor:

@@ -291,11 +291,13 @@ class LlamaGenGPT(nn.Module):
     def device(self) -> torch.device:
         return self.tok_embeddings.weight.device
 
-    def run(self, h, cos, sin, cache: KVCache, attend: torch.Tensor) -> torch.Tensor:
+    def run(self, h, cos, sin, cache: KVCache, attend: torch.Tensor,
+            positions: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Input embeddings h (B, m, dim) -> hidden after the final norm; the m entries become
         pending in ``cache``, each attending committed entries and the pending ones ``attend``
-        allows ((m, P+m) or (B, m, P+m))."""
-        step = cache.prepare(attend, h.shape[1])
+        allows ((m, P+m) or (B, m, P+m)); with ``positions`` (B, m), only the committed entries at
+        earlier positions (``KVCache``: visibility by position)."""
+        step = cache.prepare(attend, h.shape[1], positions=positions)
         rot = rotation(cos, sin)
         for i, layer in enumerate(self.layers):
             h = layer(h, rot, cache, i, step)
@@ -354,6 +356,8 @@ class LlamaGenTarget:
     ``cond`` for ``begin``: ``{"caption_embs": (B, T, caption_dim), "emb_mask": (B, T) bool}``,
     left padded (valid slots at the end), T = ``cls_token_num``.
     """
+
+    row_parallel = True  # forward(..., by_position=True): row-parallel decoders run on it (coolsd.engine.rows)
 
     def __init__(
         self,
@@ -455,23 +459,33 @@ class LlamaGenTarget:
         positions: torch.Tensor,
         attend: torch.Tensor,
         features: Optional[torch.Tensor] = None,
+        by_position: bool = False,
     ) -> StepOut:
-        """tokens, positions: (B, m); positions are image-token indices (token j predicts j+1)."""
+        """tokens, positions: (B, m); positions are image-token indices (token j predicts j+1).
+        ``by_position``: each new token sees only the committed entries at earlier positions (row-
+        parallel decoding, ``coolsd.engine.rows``; eager only)."""
         if self.cache is None:
             raise RuntimeError("call begin() first")
+        dev = self.model.device
+        if by_position:  # eager: the compiled step has no such cache
+            logits, hidden = self._step(tokens.to(dev), positions.to(dev).expand(tokens.shape), attend.to(dev),
+                                        *self._rope, by_position=True)
+            return StepOut(logits=logits, hidden=hidden)
         if self.compiled:  # the static cache holds the condition, every image token and cache_headroom pending
             self.cache.check_headroom(tokens.shape[1], self.cache_headroom)
-        dev = self.model.device
         logits, hidden = self._step_fn(tokens.to(dev), positions.to(dev), attend.to(dev), *self._rope)
         return StepOut(logits=logits, hidden=hidden)
 
-    def _step(self, tokens, positions, attend, cos, sin):
+    def _step(self, tokens, positions, attend, cos, sin, by_position: bool = False):
         """One cached forward (compiled when ``compile``): (logits, hidden) as ``_out`` gives
-        them; ``cos``, ``sin``: ``rope_table`` rows, indexed by position (clamped to the table)."""
+        them; ``cos``, ``sin``: ``rope_table`` rows, indexed by position (clamped to the table);
+        ``by_position``: the cache's visibility by position (``forward``)."""
         model = self.model
         tokens, positions = self._double(tokens), self._double(positions)
+        attend = self._double(attend) if attend.dim() == 3 else attend  # per-sample masks: both CFG halves
         at = positions.clamp(0, cos.shape[0] - 1)
-        hidden = model.run(model.tok_embeddings(tokens), cos[at], sin[at], self.cache, attend)
+        hidden = model.run(model.tok_embeddings(tokens), cos[at], sin[at], self.cache, attend,
+                           positions if by_position else None)
         out = self._out(hidden)
         return out.logits, out.hidden
 

@@ -16,14 +16,15 @@ is the adapter's business (docs/methods.md#3-lantern-and-lantern: structural tok
 * Logical positions (1D RoPE): image token j sits at ``offset + j + j // w_latent``, its row's
   newline (after a row end, ``(j + 1) % w_latent == 0``) at that + 1; ``offset`` = prompt
   length + 3 in the conditional half, 3 in the unconditional half.
-* Newlines are inserted BY THE ADAPTER inside ``forward``: for every new entry that is a row end
-  (and not in the last row) a newline entry is added in the same forward; it attends exactly what
-  that token attends plus the token itself (and itself); later entries that see the token also
-  see its newline. The node's returned logits / hidden are the newline entry's (they predict the
-  next row's first token). ``commit`` keeps the newline that follows each kept row-end token.
-  Within one forward the set of newline slots is shared by the batch (KV-cache pending counts
-  are shared): a slot exists where ANY sample has a row end; in the other samples it is computed
-  but never attended and never committed.
+* Newlines are inserted BY THE ADAPTER inside ``forward`` (``coolsd.models.row_ends``, which Emu3's
+  end-of-lines share): for every new entry that is a row end (and not in the last row) a newline
+  entry is added in the same forward; it attends exactly what that token attends plus the token
+  itself (and itself); later entries that see the token also see its newline. The node's returned
+  logits / hidden are the newline entry's (they predict the next row's first token). ``commit``
+  keeps the newline that follows each kept row-end token. Within one forward the set of newline
+  slots is shared by the batch (KV-cache pending counts are shared): a slot exists where ANY
+  sample has a row end; in the other samples it is computed but never attended and never
+  committed.
 * CFG (upstream ``LLMImageStartTriggeredUnbatchedClassifierFreeGuidanceLogitsProcessor``):
   active as soon as ``<racm3:break>, h, w`` exist, i.e. for every image token; the unconditional
   context is the sequence from the last ``<racm3:break>`` on (no BOS, no text), positions from
@@ -53,11 +54,11 @@ import torch
 
 from coolsd.engine import batch_invariant
 from coolsd.engine.decoding.sampling import cfg_combine
-from coolsd.engine.host_reads import host_checks
 from coolsd.engine.model_protocol import StepOut
 from coolsd.models.chameleon import HF_SOURCE, ChameleonLM, load_chameleon
 from coolsd.models.chameleon_vq import CHAMELEON_VQGAN, load_vqgan
 from coolsd.models.kv_cache import KVCache
+from coolsd.models.row_ends import RowEndTarget
 from coolsd.util.loading import reading
 
 PROMPT_TEMPLATE = "Generate an image of {width}x{height} according to the following prompt:\n{caption}"
@@ -161,7 +162,7 @@ class ImageVocab:
 
 
 # ---------------------------------------------------------------------------------------- target
-class LuminaTarget:
+class LuminaTarget(RowEndTarget):
     """``ImageTarget`` over a ``ChameleonLM`` (see the module docstring for the token layout).
 
     ``cond`` for ``begin``: B prompt-id sequences (lists or 1-D tensors, any lengths), e.g. from
@@ -202,37 +203,21 @@ class LuminaTarget:
         self.model = model.eval()
         self.vocab = vocab
         self.tokens = tokens
-        self.h_latent, self.w_latent = int(h_latent), int(w_latent)
         self.cfg_scale = float(cfg_scale)
         self.decoder = decoder
         self.cache_headroom = cache_headroom
-        self.vocab_size = vocab.n_codes
-        self.n_image_tokens = self.h_latent * self.w_latent
-        self._rows = vocab.code_to_bpe.to(model.device)  # lm_head rows / embedding ids of codes 0..n-1
-        self.cache: Optional[KVCache] = None
-        self.batch_size = 0
-        self._alone: Optional[list] = None  # under coolsd.engine.batch_invariant: one batch-1 target per sample
+        self._init_grid(h_latent, w_latent, vocab.code_to_bpe)  # image codes = their BPE ids' embeddings
 
     @property
-    def guided(self) -> bool:
-        return self.cfg_scale != 1.0
-
-    @property
-    def device(self) -> torch.device:
-        return self.model.device
+    def row_end_id(self) -> int:
+        """The newline ``<reserved08799>`` (``coolsd.models.row_ends``)."""
+        return self.tokens.newline
 
     @property
     def structural_prefix(self) -> list[int]:
         """``<racm3:break>, grid_base + h_grids, grid_base + w_grids`` (teacher-forced)."""
         t = self.tokens
         return [t.image_start, t.grid_base + self.h_latent // 2, t.grid_base + self.w_latent // 2]
-
-    def logical_offset(self, j: torch.Tensor) -> torch.Tensor:
-        """Position of image token j relative to the first image token: j + j // w_latent."""
-        return j + torch.div(j, self.w_latent, rounding_mode="floor")
-
-    def _double(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([x, x]) if self.guided else x
 
     def _new_cache(self, n: int, prefix_len: int) -> KVCache:
         cfg, m = self.model.config, self.model
@@ -246,11 +231,6 @@ class LuminaTarget:
         self.cache = None  # the old cache's last reference: freed before the new one is allocated (peak: one cache)
         return KVCache(cfg.num_layers, n, cfg.num_heads, cfg.head_dim, -(-need // 64) * 64, m.dtype, m.device,
                        max_committed=need - self.cache_headroom)
-
-    def _reset_pending(self) -> None:
-        dev = self.model.device
-        self._p_int = torch.zeros(0, dtype=torch.long, device=dev)  # caller pending -> cache pending index
-        self._p_nl = torch.zeros(self.batch_size, 0, dtype=torch.long, device=dev)  # its newline's, or -1
 
     def _out(self, hidden: torch.Tensor) -> StepOut:
         logits = self.model.logits(hidden, rows=self._rows)
@@ -322,111 +302,9 @@ class LuminaTarget:
         self.cache = self._alone[0].cache  # begun (forward and commit go to the per-sample targets)
         return StepOut(logits=torch.cat([o.logits for o in outs]), hidden=hidden)
 
-    @torch.no_grad()
-    def forward(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        attend: torch.Tensor,
-        features: Optional[torch.Tensor] = None,
-    ) -> StepOut:
-        """tokens: (B, m) codes; positions: (B, m) image-token indices j; attend: (m, P+m) or
-        (B, m, P+m) over the caller's pending entries then the new ones."""
-        if self._alone is not None:
-            outs = [t.forward(tokens[b : b + 1], positions[b : b + 1] if positions.shape[0] > 1 else positions,
-                              attend[b : b + 1] if attend.dim() == 3 else attend)
-                    for b, t in enumerate(self._alone)]
-            return StepOut(logits=torch.cat([o.logits for o in outs]), hidden=torch.cat([o.hidden for o in outs]))
-        if self.cache is None:
-            raise RuntimeError("call begin() first")
-        model, dev, B = self.model, self.model.device, self.batch_size
-        tokens, j = tokens.to(dev), positions.to(dev).expand(tokens.shape)
-        m = tokens.shape[1]
-        P, Pi = self._p_int.numel(), self.cache.n_pending
-        attend = attend.to(dev, torch.bool)
-        if attend.shape[-2:] != (m, P + m):
-            raise ValueError(f"attend must be (.., {m}, {P + m}), got {tuple(attend.shape)}")
-        if host_checks() and bool(((tokens < 0) | (tokens >= self.vocab_size)).any()):
-            raise ValueError(f"tokens must be image codes in [0, {self.vocab_size})")
-        Ac = attend.expand(B, m, P + m)
-        ar_m = torch.arange(m, device=dev)
-
-        # row ends that get a newline: (j + 1) % w == 0, not the last row
-        row_end = ((j + 1) % self.w_latent == 0) & (j + 1 < self.n_image_tokens) & (j >= 0)
-        cols = torch.nonzero(row_end.any(0)).flatten()  # token columns that get a newline slot
-        k = cols.numel()
-        ar_k = torch.arange(k, device=dev)
-        slot_of = torch.full((m,), -1, dtype=torch.long, device=dev)
-        slot_of[cols] = ar_k
-        nl_new = torch.where(row_end, Pi + m + slot_of.clamp(min=0), -1)  # (B, m) cache pending idx
-        int_idx = torch.cat([self._p_int, Pi + ar_m])  # (P+m,) caller column -> cache pending idx
-        nl_all = torch.cat([self._p_nl, nl_new], 1)  # (B, P+m)
-
-        # internal mask over cache pending entries: [old pending (Pi), m tokens, k newline slots]
-        T = Pi + m + k
-        A = torch.zeros(B, m + k, T, dtype=torch.bool, device=dev)
-        A[:, :m, int_idx] = Ac
-        # a token that sees an earlier row-end token also sees that token's newline
-        not_self = torch.ones(m, P + m, dtype=torch.bool, device=dev)
-        not_self[ar_m, P + ar_m] = False
-        add = Ac & (nl_all >= 0).unsqueeze(1) & not_self
-        idx = torch.where(add, nl_all.unsqueeze(1).expand(B, m, P + m), T)  # T = dump column
-        extra = torch.zeros(B, m, T + 1, dtype=torch.long, device=dev).scatter_add_(2, idx, add.long())
-        A[:, :m] |= extra[..., :T] > 0
-        if k:
-            # a newline sees what its token sees, the token, and itself
-            A[:, m:] = A[:, cols]
-            A[:, m + ar_k, Pi + cols] = True
-            A[:, m + ar_k, Pi + m + ar_k] = True
-
-        rel = self.logical_offset(j)  # (B, m) relative to image token 0
-        pos = torch.cat([rel, rel[:, cols] + 1], 1)
-        ids = torch.cat([self._rows[tokens], torch.full((B, k), self.tokens.newline, device=dev)], 1)
-        pos = self._double(pos) + self._offset.unsqueeze(1)
-        hidden = model.run(model.embed(self._double(ids)), pos, self.cache, self._double(A))
-
-        # each node reports its newline's output when it has one
-        pick = torch.where(row_end, m + slot_of.clamp(min=0), ar_m)  # (B, m)
-        pick = self._double(pick)
-        sel = hidden.gather(1, pick.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
-        self._p_int = int_idx
-        self._p_nl = nl_all
-        return self._out(sel)
-
-    def _pending_count(self) -> int:
-        """Pending entries, in the caller's numbering (host-known: every forward adds its m)."""
-        return (self._alone[0] if self._alone is not None else self)._p_int.numel()
-
-    @torch.no_grad()
-    def commit(self, keep: Optional[torch.Tensor], n_keep: torch.Tensor) -> None:
-        """keep: (B, K) caller pending indices; n_keep: (B,). The newline after a kept row-end
-        token is kept right after it."""
-        if keep is None:  # the first pending entries in order: explicit indices for the newline bookkeeping
-            keep = torch.arange(self._pending_count(), device=n_keep.device).expand(n_keep.shape[0], -1)
-        if self._alone is not None:
-            for b, t in enumerate(self._alone):
-                t.commit(keep[b : b + 1], n_keep[b : b + 1])
-            return
-        if self.cache is None:
-            raise RuntimeError("call begin() first")
-        dev, B = self.model.device, self.batch_size
-        keep, n_keep = keep.to(dev, torch.long), n_keep.to(dev, torch.long)
-        P, K = self._p_int.numel(), keep.shape[1]
-        if host_checks() and bool(((n_keep < 0) | (n_keep > min(P, K))).any()):
-            raise ValueError(f"n_keep must lie in [0, min({P} pending, {K} keep columns)]")
-        if P == 0 or K == 0:
-            self.cache.commit(torch.zeros(2 * B if self.guided else B, 0, dtype=torch.long, device=dev),
-                              self._double(torch.zeros(B, dtype=torch.long, device=dev)))
-        else:
-            kc = keep.clamp(0, P - 1)
-            ent = self._p_int[kc]  # (B, K)
-            nl = self._p_nl.gather(1, kc)
-            pair = torch.stack([ent, nl.clamp(min=0)], 2).reshape(B, 2 * K)
-            kept = (torch.arange(K, device=dev).unsqueeze(0) < n_keep.unsqueeze(1))
-            valid = torch.stack([kept, kept & (nl >= 0)], 2).reshape(B, 2 * K)
-            order = torch.argsort((~valid).to(torch.int8), dim=1, stable=True)  # valid first, in order
-            self.cache.commit(self._double(pair.gather(1, order)), self._double(valid.sum(1)))
-        self._reset_pending()
+    # forward and commit: ``RowEndTarget``'s (the newlines), over this model call
+    def _run_entries(self, ids: torch.Tensor, positions: torch.Tensor, attend: torch.Tensor) -> torch.Tensor:
+        return self.model.run(self.model.embed(ids), positions, self.cache, attend)
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         if self.decoder is None:

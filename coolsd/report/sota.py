@@ -3,7 +3,8 @@ parallel decoders beside the drafted methods, on ONE loaded target, with ONE pro
 
 Rows (``SOTA_ROWS``): AR, EAGLE-1, COOL-SD at delta 1.1 and 2, SJD (random and SJD's best
 initialisation, vertical_repeat: its issue #1 / Fig. 9), MC-SJD (maximal coupling), SJD-PAC (width 4,
-depth 3; docs/sjd_pac.md), GSD. Columns: accepted tokens per target forward
+depth 3; docs/sjd_pac.md), GSD, ZipAR (window 8 as upstream, 4 on the toy world's 8-token rows; on targets that decode rows
+in parallel, ``World.row_parallel``: not Lumina-mGPT yet). Columns: accepted tokens per target forward
 (image tokens / target forwards, per image: for drafted methods this differs from the accepted
 length only by the prefill), target forwards per image, latency, the speed-up over the AR row
 paired by prompt, the protocol's quality metrics (toy: toy_fid / toy_clip; real targets: the
@@ -48,6 +49,8 @@ SOTA_ROWS = [
     ("MC-SJD (maximal)", "mc_sjd", {"coupling": "maximal"}),
     ("SJD-PAC (width 4, depth 3)", "sjd_pac", {}),
     ("GSD (G=14)", "gsd", {"G": 14}),
+    ("ZipAR (window 8; toy 4)", "zipar", {}),
+    ("PJD (c=8, window 8)", "pjd", {}),
 ]
 TOY_WINDOW = 8
 
@@ -84,6 +87,9 @@ def rows_for(target: str, extra=()) -> list[tuple[str, str, str, dict]]:
     out = []
     for label, method, params in [*SOTA_ROWS, *extra]:
         p = dict(params)
+        rows = method_info(method).drafter in ("rows", "pjd")
+        if rows and not world_class(target).row_parallel:  # refused by the config check: not a row here
+            continue
         if target == "toy" and method_info(method).jacobi:
             p.setdefault("window", TOY_WINDOW)
         out.append((label, tag_of(method, params), method, p))

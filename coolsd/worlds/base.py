@@ -92,6 +92,8 @@ class World(ABC):
     trains_drafters: ClassVar[bool] = False
     # compile=true: the world runs its target and drafter forwards under torch.compile (coolsd.engine.compiled)
     compiles: ClassVar[bool] = False
+    # row-parallel methods (``zipar``; coolsd.engine.rows): the target's forward takes by_position=True
+    row_parallel: ClassVar[bool] = False
     compiled: bool = False  # this loaded world runs compiled (set by worlds that compile)
     # images a call of ``decode_uint8`` decodes at most (``decode_images``): a VQ decoder's float32
     # activations at full resolution cost ~1.2-1.5 GB an image for Lumina-mGPT at 768 px, so a whole
@@ -311,6 +313,32 @@ class DiscreteWorld(World):
                         "latency_s": res.seconds, "signal_s": res.extra.get("signal_s"), "decode_s": decode_s,
                         **image_signals(res, b)}, imgs[b])
                 for b in range(len(seeds))]
+
+
+class EncodedPromptWorld(DiscreteWorld):
+    """A discrete world of one loaded target, a prompt encoder (``encoder.encode(captions)``) and
+    an optional draft model: the shared parts of the transformer-checkpoint worlds (Lumina-mGPT,
+    Janus-Pro, Emu3). ``draft_hint`` says how to configure a drafter where none is."""
+
+    draft_hint: ClassVar[str] = "draft=self, or a method without a drafter such as ar or sjd"
+
+    def __init__(self, name: str, target, encoder, sampling: SamplingConfig, files: dict, drafter=None):
+        self.name, self.target, self.encoder, self.sampling = name, target, encoder, sampling
+        self._files, self._drafter = files, drafter
+        self.cfg_scale = target.cfg_scale
+        self.device = target.device
+
+    def files(self) -> dict:
+        return self._files
+
+    def encode(self, captions):
+        return self.encoder.encode(captions)
+
+    def drafter(self):
+        if self._drafter is None:
+            raise ValueError(f"this method drafts with a model, but target {self.name} has no drafter configured "
+                             f"({self.draft_hint})")
+        return self._drafter
 
 
 def grid_width(target) -> Optional[int]:

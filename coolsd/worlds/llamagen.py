@@ -55,6 +55,7 @@ class LlamaGenWorld(DiscreteWorld):
     presentation = Presentation(DiscreteWorld.presentation.columns, next_step=REAL_TARGET_HINT)
     trains_drafters = True
     compiles = True
+    row_parallel = True
     variants = VARIANTS  # target.variant (checked by coolsd.job.config_schema.check_config)
 
     @classmethod

@@ -27,7 +27,7 @@ from coolsd.models.eagle.lumina import LUMINA_DRAFTER_SOURCE, LuminaEagleDrafter
 from coolsd.models.eagle.training import read_captions
 from coolsd.models.lumina import LuminaTarget, load_lumina_target, prompt_ids
 from coolsd.util.loading import reading
-from coolsd.worlds.base import DiscreteWorld, draft_kind
+from coolsd.worlds.base import DiscreteWorld, EncodedPromptWorld, draft_kind
 from coolsd.worlds.files import DRAFTER_FOLDER, DTYPES, config_need, file_identity
 from coolsd.worlds.presentation import REAL_TARGET_HINT, Presentation
 from coolsd.worlds.schema import TokenTargetSchema
@@ -70,12 +70,13 @@ class LuminaTargetSchema(TokenTargetSchema):
     dtype: str = "bfloat16"
 
 
-class LuminaWorld(DiscreteWorld):
+class LuminaWorld(EncodedPromptWorld):
 
     targets = ("lumina_mgpt",)  # conf/target/<name>.yaml
     schema = ("lumina_schema", LuminaTargetSchema)  # its conf files name it first
     presentation = Presentation(DiscreteWorld.presentation.columns, next_step=REAL_TARGET_HINT)
     trains_drafters = True
+    draft_hint = "draft=lumina_mgpt draft.path=... or draft=self"
 
     @classmethod
     def training_captions(cls, n: int, seed: int, path=None) -> list[str]:
@@ -133,19 +134,6 @@ class LuminaWorld(DiscreteWorld):
         sampling = SamplingConfig.resolve(t.get("sampling"), cfg.get("sampling"))
         return cls(t.name, target, encoder, sampling, files, drafter)
 
-    def __init__(self, name: str, target: LuminaTarget, encoder, sampling: SamplingConfig, files: dict,
-                 drafter=None):
-        self.name, self.target, self.encoder, self.sampling = name, target, encoder, sampling
-        self._files, self._drafter = files, drafter
-        self.cfg_scale = target.cfg_scale
-        self.device = target.model.device
-
-    def files(self) -> dict:
-        return self._files
-
-    def encode(self, captions):
-        return self.encoder.encode(captions)
-
     @torch.no_grad()
     def decode_uint8(self, tokens: torch.Tensor) -> np.ndarray:
         """The VQGAN decoder's pixels -> uint8 (B, H, W, 3) exactly as upstream: clamp to [0, 1]
@@ -159,8 +147,3 @@ class LuminaWorld(DiscreteWorld):
         codebook = getattr(self.target.decoder, "codebook", None)  # the VQGAN's raw codebook (chameleon_vq)
         return None if codebook is None else codebook.detach().float()
 
-    def drafter(self):
-        if self._drafter is None:
-            raise ValueError(f"this method drafts with a model, but target {self.name} has no drafter configured "
-                             f"(draft={self.name} draft.path=... or draft=self)")
-        return self._drafter

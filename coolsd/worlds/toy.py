@@ -129,6 +129,7 @@ class ToyWorld(DiscreteWorld):
 
     trains_drafters = True
     compiles = True
+    row_parallel = True
 
     @classmethod
     def training_captions(cls, n: int, seed: int, path=None) -> list[str]:

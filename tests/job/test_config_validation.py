@@ -197,7 +197,8 @@ def test_schema_types_are_checked_at_compose_time(override, key):
 
 
 @pytest.mark.parametrize("target", ["toy", "toy_continuous", "llamagen_xl", "llamagen_xl_512", "lumina_mgpt",
-                                    "mar_h", "mar_l", "tabular", "xar_h", "xar_l", "harmon_1_5b"])
+                                    "mar_h", "mar_l", "tabular", "xar_h", "xar_l", "harmon_1_5b", "janus_pro",
+                                    "janus_pro_7b", "emu3"])
 def test_every_target_config_composes_and_checks(target, world_overrides):
     """Every conf/target/*.yaml composes against its schema; its defaults are in range (real
     targets on their tiny files, on the CPU)."""

@@ -21,6 +21,7 @@ from coolsd.models.lumina import ImageVocab, LuminaTarget, LuminaTokens, prompt_
 from coolsd.engine.model_protocol import ARModel
 from factories import (LUMINA_LATENT, N_CODES, VMAP, code_name, lumina_cfg, lumina_vq_cfg, make_lm, make_vq,
                        official_state_dict, random_ids, vqgan_ckpt_dict)
+from protocol_checks import commit_and_continue as continue_after_commits
 from protocol_checks import path_to, run_tree_round
 
 TOL = 1e-6
@@ -464,29 +465,7 @@ def commit_and_continue(target, rows):
     ends now differ), a second tree round in two calls at each sample's own positions, commit of
     root -> node 3, then 3 more tokens. Returns the second round's and the last logits, and the
     committed code sequences."""
-    prefix = rand_codes(2, 3, seed=3)[rows]
-    t1, t2 = rand_codes(2, TREE.n_nodes + 1, seed=4)[rows], rand_codes(2, TREE.n_nodes + 1, seed=6)[rows]
-    new = rand_codes(2, 3, seed=10)[rows]
-    prompts = [PROMPTS[b] for b in rows]
-    B = len(rows)
-    run_tree_round(target, prompts, prefix, t1, TREE, split=False)
-    keep = torch.zeros(B, 4, dtype=torch.long)  # columns past n_keep are ignored
-    for i, b in enumerate(rows):
-        keep[i, : len(KEPT[b])] = torch.tensor(KEPT[b])
-    n_keep = torch.tensor([len(KEPT[b]) for b in rows])
-    target.commit(keep, n_keep)
-    t_len = 3 + n_keep
-    pos = t_len[:, None] + TREE.depth
-    a = int((TREE.depth <= 1).sum())
-    l1 = target.forward(t2[:, :a], pos[:, :a], TREE.ancestors[:a, :a]).logits
-    l2 = target.forward(t2[:, a:], pos[:, a:], TREE.ancestors[a:]).logits
-    tree_logits = torch.cat([l1, l2], 1)
-    p3 = path_to(TREE, 3)
-    target.commit(torch.tensor(p3).expand(B, -1), torch.full((B,), len(p3)))
-    t_len = t_len + len(p3)
-    last = target.forward(new, t_len[:, None] + torch.arange(3), torch.ones(3, 3, dtype=torch.bool).tril()).logits
-    seqs = [torch.cat([prefix[i], t1[i, KEPT[b]]]) for i, b in enumerate(rows)]
-    return tree_logits, last, seqs, t2, new
+    return continue_after_commits(target, PROMPTS, rows, KEPT, TREE, rand_codes)
 
 
 def test_commit_then_continue_matches_full_forward():

@@ -8,11 +8,10 @@ import pytest
 from coolsd.report import sota
 from coolsd.report.sweep import sweep_frame
 
-LABELS = [label for label, *_ in sota.SOTA_ROWS]
 
 
 def _check_table(df, target, n_tokens):
-    assert list(df["method"]) == LABELS
+    assert list(df["method"]) == [label for label, *_ in sota.rows_for(target)]
     assert (df["tokens_per_forward"] > 0).all() and (df["tokens_per_forward"] <= n_tokens).all()
     ar = df.set_index("method").loc["AR"]
     assert ar["tokens_per_forward"] < 1.0 + 1e-9 and ar["speedup"] == 1.0  # AR: one token per forward (+ prefill)
@@ -31,6 +30,9 @@ def test_toy_sota_table_has_every_row_and_the_coupling_test(tmp_path):
     assert x["n"] == 2 and x["metric"] == "target_forwards" and "MC-SJD (maximal) - SJD" in sota.coupling_line(x)
     # the Jacobi rows ran at the toy window, drafted rows as chains of 4
     assert sweep_frame(res["table"]).set_index("tag").loc["sjd", "params"]["window"] == sota.TOY_WINDOW
+    # ZipAR at window 4 on 8 x 8 tokens: 2 * 8 + 6 * 4 = 40 forwards (docs/methods.md section 8.1), lossy
+    zipar = df.set_index("method").loc["ZipAR (window 8; toy 4)"]
+    assert abs(zipar["tokens_per_forward"] - 64 / 40) < 1e-9 and zipar["step_tv"] > 0
 
 
 @pytest.mark.parametrize("target", ["lumina_mgpt", "llamagen_xl"])
@@ -70,7 +72,7 @@ def test_sota_experiment_rows_are_the_reports_rows(target):
 
     exp = OmegaConf.load(sota.ROOT / "experiments" / "experiment" / f"sota_{target}.yaml")
     rows = str(exp.hydra.sweeper.params["+row"]).split(",")
-    assert len(rows) == len(sota.SOTA_ROWS)
+    assert len(rows) == len(sota.rows_for(target))
     for row, (_, _, method, params) in zip(rows, sota.rows_for(target)):
         name, p = method_from_cfg(compose(f"+experiment=sota_{target}", f"+row={row}", "target=toy", "dataset=toy"))
         assert name == method and all(p[k] == v for k, v in params.items()), (row, name, p, params)

@@ -25,7 +25,10 @@ BATCH = 2
 RUNS = {
     "toy": (["method=coolsd"], 3),
     "toy_continuous": (["method=cspd", "method.gamma=4"], 3),
+    "emu3": (["method=eagle", "draft=self", "tree=chain", "tree.draft_length=3"], 3),
     "harmon_1_5b": (["method=cspd", "method.gamma=3", "method.mode=exact", "method.verify=prefix"], 3),
+    "janus_pro": (["method=coolsd", "draft=self"], 3),
+    "janus_pro_7b": (["method=sjd"], 3),
     "llamagen_xl": (["method=coolsd"], 3),
     "llamagen_xl_512": (["method=eagle", "tree=mc_sim_7b_63"], 3),
     "lumina_mgpt": (["method=eagle", "tree=chain", "tree.draft_length=3"], 3),
@@ -124,14 +127,15 @@ def test_world_contract(name, compose, world_overrides, tmp_path):
         assert merged.get(key) == s_one.get(key), key
 
 
-@pytest.mark.parametrize("name", ["harmon_1_5b", "llamagen_xl", "llamagen_xl_512", "lumina_mgpt", "mar_h", "mar_l",
-                                  "toy", "xar_h", "xar_l"])
+@pytest.mark.parametrize("name", ["emu3", "harmon_1_5b", "janus_pro", "janus_pro_7b", "llamagen_xl", "llamagen_xl_512",
+                                  "lumina_mgpt", "mar_h", "mar_l", "toy", "xar_h", "xar_l"])
 def test_missing_files_are_listed_before_any_work(name, compose, world_overrides, tmp_path, monkeypatch):
     """Every file of the target (and of its drafter where it has one) not set or not there: one
     error naming each, before anything loads or any folder is made."""
     for var in ("LLAMAGEN_GPT", "LLAMAGEN_GPT_512", "LLAMAGEN_VQ", "FLAN_T5_XL", "LLAMAGEN_DRAFTER",
                 "LLAMAGEN_DRAFTER_512", "LUMINA_MGPT", "CHAMELEON_VQGAN", "CHAMELEON_TEXT_TOKENIZER", "MAR_H",
-                "MAR_L", "MAR_B", "MAR_VAE", "XAR_H", "XAR_L", "XAR_B", "HARMON_1_5B", "HARMON_0_5B", "HARMON_TOKENIZER"):
+                "MAR_L", "MAR_B", "MAR_VAE", "XAR_H", "XAR_L", "XAR_B", "HARMON_1_5B", "HARMON_0_5B",
+                "HARMON_TOKENIZER", "JANUS_PRO", "JANUS_PRO_7B", "EMU3_GEN"):
         monkeypatch.delenv(var, raising=False)
     cfg = compose(f"target={name}", *RUNS[name][0], f"+out_dir={tmp_path / 'out'}")
     files = list(cfg.target.get("files") or {})
