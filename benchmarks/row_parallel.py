@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 from coolsd.engine.decoding.rng import PerSampleRNG  # noqa: E402
 from coolsd.engine.drafting import SamplingConfig  # noqa: E402
 from coolsd.engine.loop import speculative_generate  # noqa: E402
-from coolsd.engine.rows import PJDRows, RowParallel  # noqa: E402
+from coolsd.engine.rows import PJDRows  # noqa: E402
 from coolsd.models.llamagen import LlamaGenGPT, LlamaGenTarget, tiny  # noqa: E402
 from coolsd.theory import chi_square_pvalue  # noqa: E402
 from coolsd.theory.row_parallel import all_images, target_distributions, zipar_exact  # noqa: E402
@@ -137,7 +137,7 @@ def markdown(result: dict) -> str:
         env = result["toy"]["env"]
         md += ["", f"## Toy world ({env['prompts']} prompts, batch {env['batch_size']}, {env['threads']} thread, "
                f"{env['cpu']})", "",
-               "| method | target forwards / image | tokens / forward | speed-up vs AR | step TV (sum/image) | toy_fid | toy_clip |",
+               "| method | target forwards / image | 64 / mean forwards | speed-up vs AR | step TV (sum/image) | toy_fid | toy_clip |",
                "|---|---|---|---|---|---|---|"]
         for r in result["toy"]["rows"]:
             tpf = None if r["target_forwards"] is None else 64 / r["target_forwards"]
