@@ -20,8 +20,8 @@ from coolsd.engine.decoding.sampling import sample_inverse_cdf
 from coolsd.engine.decoding.trees import EMPTY_TREE, Tree
 from coolsd.engine.decoding.verify import verify_tree
 from coolsd.engine.drafting import RoundInfo, SamplingConfig
-from coolsd.engine.model_protocol import ARModel
 from coolsd.engine.generation_result import GenerationResult, NonFiniteLogits, _check_finite, _nonfinite  # noqa: F401
+from coolsd.engine.model_protocol import ARModel
 from coolsd.engine.rows import PJDRows, RowParallel, pjd_generate, row_parallel_generate
 from coolsd.engine.signals import (
     DEPTH,
@@ -73,6 +73,9 @@ def speculative_generate(
     dev = torch.device(getattr(target, "device", "cpu"))
     rng = rng.on(dev)  # counter-based streams computed on the target's device (coolsd.engine.decoding.rng)
     if isinstance(drafter, (RowParallel, PJDRows)):  # several rows a forward (ZipAR, PJD): coolsd.engine.rows
+        if bos_token is not None or tree.n_nodes or rule is not None:
+            raise ValueError("row-parallel decoding takes no bos_token, tree or rule: the first token comes from the "
+                             "prefill and coolsd.engine.rows feeds the rows itself")
         run = row_parallel_generate if isinstance(drafter, RowParallel) else pjd_generate
         with torch.device(dev):
             return run(target, n_tokens, rng, drafter, sampling, cond, batch_size, sync, distortion)

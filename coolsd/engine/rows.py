@@ -320,6 +320,8 @@ def pjd_generate(target, n_tokens: int, rng, pjd: PJDRows, sampling, cond, batch
     sync()
     t0 = time.perf_counter()
     prefill = target.begin(cond, B)
+    if prefill is None:
+        raise ValueError("PJD needs a conditioned target (the first token comes from the prefill)")
     buf = torch.zeros(B, n_tokens, dtype=torch.long)
     n_out = torch.zeros(B, dtype=torch.long)
     _check_finite(prefill.logits[:, -1:], n_out, torch.ones(B, dtype=torch.bool))
@@ -336,6 +338,7 @@ def pjd_generate(target, n_tokens: int, rng, pjd: PJDRows, sampling, cond, batch
         for b in range(B):
             plan = []  # (kind, row, j, token, position)
             extra = None if finished[b] is None else (finished[b] + 1) * W - 1
+            finished[b] = None  # fed once: as the extra entry, or as the anchor below
             # a row whose first anchor sits at the completed row's last position feeds that very token
             # (``_aux_token``): its anchor is the entry. It is the top row then, which commits >= 1
             # token, so the entry is kept.
@@ -372,6 +375,8 @@ def pjd_generate(target, n_tokens: int, rng, pjd: PJDRows, sampling, cond, batch
             for i in range(len(plan), m):
                 positions[b, i] = n_tokens + 1  # padding: after every real entry, seen by nobody, never kept
         out = target.forward(tokens, positions, attend, by_position=True)
+        live = torch.tensor([bool(p) for p in plans])
+        _check_finite(out.logits, torch.tensor([sum(r) for r in n]), live)
         probs = sampling.probs(out.logits).double().cpu()
         keep = torch.zeros(B, m, dtype=torch.long)
         n_keep = torch.zeros(B, dtype=torch.long)
@@ -382,7 +387,6 @@ def pjd_generate(target, n_tokens: int, rng, pjd: PJDRows, sampling, cond, batch
             kept, drawn = [], 0
             if plan[0][0] == "extra":
                 kept.append(0)
-                finished[b] = None
             i = 0
             while i < len(plan):
                 kind, row, _, _, apos = plan[i]

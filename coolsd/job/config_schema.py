@@ -343,6 +343,9 @@ def _check_values(cfg, world_cls):
         if side and side * side == n and not (isinstance(params["window"], int) and 1 <= params["window"] < side):
             raise ConfigError(f"method.window={params['window']!r} is invalid: it must be an integer in [1, {side - 1}] "
                               f"(target {cfg.target.name}'s grid is {side} tokens wide)")
+    if invariant and name == "pjd" and int(_get(cfg, "batch_size", 1)) > 1:
+        raise ConfigError("method=pjd pads each forward to the batch's longest schedule, which is not batch-invariant: "
+                          "set batch_size=1 or deterministic.batch_invariant=false")
     if cfg.get("compile", False) and _row_parallel(name):
         raise ConfigError(f"method={name} runs eagerly only (its forwards change shape with the rows): set compile=false")
 

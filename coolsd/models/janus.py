@@ -57,6 +57,7 @@ configuration, not defaults of this class. Not here: the compiled path (``compil
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,9 +183,17 @@ def run_tree_masked(lm, kv: KVCache, attend: torch.Tensor, positions: torch.Tens
     mask = step.mask[..., :span]
     if lm.config._attn_implementation == "eager":  # eager attention adds the mask
         mask = torch.zeros(mask.shape, dtype=lm.dtype, device=mask.device).masked_fill(~mask, torch.finfo(lm.dtype).min)
-    out = lm(attention_mask=mask, position_ids=positions, cache=tree_cache(kv, step, span), use_cache=True, **inputs)
+    out = lm(attention_mask=mask, position_ids=positions, use_cache=True,
+             **{_cache_keyword(type(lm)): tree_cache(kv, step, span)}, **inputs)
     kv.advance(m)
     return out.last_hidden_state
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_keyword(cls) -> str:
+    """The language model's keyword for a cache object: ``cache`` in transformers 5.x (where
+    ``past_key_values`` is deprecated), ``past_key_values`` before (pyproject allows >= 4.57)."""
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
 
 
 # ---------------------------------------------------------------------------------------- target

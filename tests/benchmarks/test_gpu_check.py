@@ -1,6 +1,6 @@
 """benchmarks/gpu_check.py, the prepared device check, in its CPU form (tiny fp64 models): every
 registered discrete method runs eagerly on the LlamaGen and Lumina-mGPT classes within the sync
-budget, MAR runs CSpD, the compiled branch (AR: one graph set, Inductor on a CPU is slow) emits the
+budget (the row-parallel ones on LlamaGen only; PJD's host-driven schedule outside the budget), MAR runs CSpD, the compiled branch (AR: one graph set, Inductor on a CPU is slow) emits the
 eager tokens, and the JSON and the tables are written. One failing method is recorded without
 hiding the others and makes the CLI exit non-zero in one line; the time budget skips and records
 runs; bad flags are one-line errors."""
@@ -34,13 +34,13 @@ def test_tiny_cpu_check_covers_every_method_within_the_sync_budget(tmp_path):
     assert {"ar", "eagle", "coolsd", "sjd", "lantern"} <= set(methods)
     for target in ("llamagen", "lumina"):
         eager = {r["method"]: r for r in saved["targets"][target]["runs"] if r["mode"] == "eager"}
-        assert set(eager) == set(methods), target
+        assert set(eager) == {m for m in methods if bench.runs_on(target, m)}, target
         for name, r in eager.items():
             assert r["status"] == "ok", (target, name, r.get("error"))
             assert r["extra_rounds"] >= bench.MIN_EXTRA_ROUNDS
             within = r["host_reads"] <= bench.EAGER_READS * r["extra_rounds"] + bench.OCCASIONAL_READS
             assert within != bool(r.get("known_over_budget")), (target, name, r["host_reads"], r["extra_rounds"])
-            assert r["lifted"] == 0, (target, name)
+            assert r["lifted"] == 0 or r.get("known_over_budget"), (target, name)
             assert r["tokens_per_round"] >= 1.0 and r["round_in_ar_steps"] > 0
         assert eager["ar"]["tokens_per_round"] == 1.0
     compiled = {r["method"]: r for r in saved["targets"]["llamagen"]["runs"] if r["mode"] == "compiled"}

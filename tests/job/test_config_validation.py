@@ -82,6 +82,7 @@ REFUSED = [
     (["method.delta=nan"], "method.delta=nan"),
     (["target.cfg_scale=inf"], "target.cfg_scale=inf"),
     (["shard.index=2", "shard.count=2"], "shard.index 2"),
+    (["method=zipar", "method.window=8"], "method.window=8"),
 ]
 
 
@@ -90,6 +91,19 @@ def test_refused_value_fails_fast_in_one_line(tmp_path, overrides, key):
     proc, wall, cpu = cli(tmp_path, *overrides)
     assert_refused(tmp_path, proc, wall, cpu, key, " ".join(overrides))
     assert proc.stderr.startswith("error: ") and "is invalid" in proc.stderr or "shard" in key
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (["method=zipar", "target=lumina_mgpt"], "does not implement yet"),
+    (["method=pjd", "deterministic.batch_invariant=true", "batch_size=2"], "not batch-invariant"),
+    (["method=pjd", "compile=true"], "eagerly only"),
+])
+def test_row_parallel_refusals_are_one_line(tmp_path, overrides, words):
+    """Row-parallel methods (docs/methods.md 8.1, 8.2) on a target without the forward they need, PJD
+    batched under batch invariance, and compiled: one line before any work."""
+    proc, wall, cpu = cli(tmp_path, *overrides)
+    assert_refused(tmp_path, proc, wall, cpu, overrides[0], " ".join(overrides))
+    assert words in proc.stderr
 
 
 def test_wrong_type_fails_at_compose_time(tmp_path):

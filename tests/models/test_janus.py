@@ -215,8 +215,9 @@ def test_greedy_ar_through_the_loop_equals_transformers_generate(model):
     greedy = SamplingConfig(temperature=0.0)
     gen = GenerationConfig(bos_token_id=TOKENS.bos, pad_token_id=TOKENS.pad, eos_token_id=3, do_sample=False,
                            guidance_scale=3.0, generation_kwargs={"boi_token_id": TOKENS.boi})
-    ours = speculative_generate(make_target(model), N, PerSampleRNG([0, 1]), cond=PROMPTS, batch_size=2,
-                                sampling=greedy)
+    with batch_invariant.batch_invariant():  # our batch of two prompts, each computed as alone: compared with batch-1 generates
+        ours = speculative_generate(make_target(model), N, PerSampleRNG([0, 1]), cond=PROMPTS, batch_size=2,
+                                    sampling=greedy)
     for b, p in enumerate(PROMPTS):
         ids = torch.tensor([p])
         theirs = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gen,
