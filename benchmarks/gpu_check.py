@@ -87,7 +87,6 @@ def discrete_methods() -> list[str]:
     return [n for n in method_names("discrete") if not n.startswith("_")]
 
 
-ROW_PARALLEL = ("rows", "pjd")  # drafter kinds of row-parallel methods (coolsd.engine.rows)
 HOST_DRIVEN = ("pjd",)  # its schedule follows acceptances read on the host every forward (docs/methods.md 8.2)
 
 
@@ -96,7 +95,7 @@ def runs_on(target: str, method: str) -> bool:
     forward sees by position (the LlamaGen class; Lumina-mGPT has no such forward yet)."""
     from coolsd.engine.methods import method_info
 
-    return target == "llamagen" or method_info(method).drafter not in ROW_PARALLEL
+    return target == "llamagen" or not method_info(method).row_parallel
 
 
 # ------------------------------------------------------------------------------------------ targets

@@ -116,8 +116,6 @@ class RowParallel:
     the grid width and the window; ``speculative_generate`` hands a round of rows to
     ``row_parallel_generate``."""
 
-    forwards = 0  # drafter forwards: none (the target drafts nothing)
-
     def __init__(self, window, grid_width: int):
         """``window`` None: upstream's 8 (LlamaGen-ZipAR's ``zipar_window_size``), or half a row on
         rows of fewer than 16 tokens (the toy world's 8)."""
@@ -270,8 +268,6 @@ class PJDRows:
     which row r+1 becomes active (upstream's c = 8), and ``keep_above``: after a row's first
     rejection, a later draft stays the next forward's draft if its acceptance probability exceeds
     it (upstream 0.5; None: never, the fresh sample as SJD)."""
-
-    forwards = 0
 
     def __init__(self, window: int, start: int, grid_width: int, vocab_size: int, token_range=None,
                  keep_above=0.5):

@@ -364,9 +364,9 @@ def _check_values(cfg, world_cls):
 
 
 def _row_parallel(name: str) -> bool:
-    """Whether method ``name`` is row-parallel (drafter kind ``rows`` or ``pjd``: coolsd.engine.rows); False for unknown
+    """Whether method ``name`` is row-parallel (``MethodInfo.row_parallel``); False for unknown
     names (the registry's check words that error)."""
     try:
-        return method_info(name).drafter in ("rows", "pjd")
+        return method_info(name).row_parallel
     except ValueError:
         return False

@@ -87,8 +87,7 @@ def rows_for(target: str, extra=()) -> list[tuple[str, str, str, dict]]:
     out = []
     for label, method, params in [*SOTA_ROWS, *extra]:
         p = dict(params)
-        rows = method_info(method).drafter in ("rows", "pjd")
-        if rows and not world_class(target).row_parallel:  # refused by the config check: not a row here
+        if method_info(method).row_parallel and not world_class(target).row_parallel:  # refused by the config check: not a row here
             continue
         if target == "toy" and method_info(method).jacobi:
             p.setdefault("window", TOY_WINDOW)

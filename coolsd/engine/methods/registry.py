@@ -110,6 +110,12 @@ class MethodInfo:
         ``window`` follows the draft length where a caller sets only that."""
         return self.drafter in ("jacobi", "pac")
 
+    @property
+    def row_parallel(self) -> bool:
+        """Decodes several image rows a forward (ZipAR, PJD: ``coolsd.engine.rows``): runs only on targets
+        whose forward sees by position (``World.row_parallel``), eagerly."""
+        return self.drafter in ("rows", "pjd")
+
     def is_lossless(self, params: Optional[dict] = None) -> bool:
         """Whether the method samples the target's distribution exactly with these parameters."""
         if callable(self.lossless):
