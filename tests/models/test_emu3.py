@@ -247,7 +247,9 @@ def test_greedy_loop_equals_transformers_generate_with_cfg_and_prefix_constraint
     ``UnbatchedClassifierFreeGuidanceLogitsProcessor``) and the model card's prefix-constrained
     processor: its image rows (an end-of-line after each, forced) without the end-of-lines."""
     greedy = SamplingConfig(top_k=1)
-    ours = speculative_generate(make_target(), N, PerSampleRNG([0, 1]), cond=PROMPTS, batch_size=2, sampling=greedy)
+    with batch_invariant.batch_invariant():  # our batch of two prompts, each computed as alone: vs batch-1 generates
+        ours = speculative_generate(make_target(), N, PerSampleRNG([0, 1]), cond=PROMPTS, batch_size=2,
+                                    sampling=greedy)
     for b, p in enumerate(PROMPTS):
         ids, neg = torch.tensor([p.ids]), torch.tensor([p.negative])
         out = MODEL.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=(GRID + 1) * GRID,
