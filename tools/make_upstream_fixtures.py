@@ -23,7 +23,8 @@ every random draw recorded, outputs; read by tests/engine/test_upstream_samplers
 ``--sjd-pac`` (KangJialiang/SJD-PAC), each run on a synthetic target (section "SJD-family samplers"),
 and ``--zipar`` (ThisisBillhe/ZipAR's LlamaGen code: ``generate_zipar.generate`` on its ``gpt.py``, every
 query's fed token, position, logits and zero cache slots, and the draws; read by
-tests/engine/test_upstream_zipar.py).
+tests/engine/test_upstream_zipar.py), and ``--pjd`` (boyaliao/PJD's multi-row sampler, section "PJD
+(sampler)"; read by tests/engine/test_upstream_samplers.py).
 
 Usage (each option optional; families not given keep their existing files)::
 
@@ -32,6 +33,7 @@ Usage (each option optional; families not given keep their existing files)::
     python tools/make_upstream_fixtures.py --sjd /tmp/upstream/sjd --scd /tmp/upstream/scd \
         --gsd /tmp/upstream/gsd --sjd-pac /tmp/upstream/sjd_pac
     python tools/make_upstream_fixtures.py --zipar /tmp/upstream/zipar
+    python tools/make_upstream_fixtures.py --pjd /tmp/upstream/pjd
 
 Environment: LANTERN's and Lumina's modelling code needs transformers 4.45.2 (LANTERN's pin;
 transformers 5.x cannot build its configs), MAR's and xAR's need timm, xAR's also einops. Run
@@ -70,7 +72,7 @@ DEFAULT_OUT = REPO_ROOT / "tests" / "fixtures" / "upstream"
 UPSTREAM_REPOS = {"llamagen": "FoundationVision/LlamaGen", "lantern": "jadohu/LANTERN", "lumina": "Alpha-VLLM/Lumina-mGPT",
                   "mar": "LTH14/mar", "xar": "OliverRensu/xAR", "harmon": "wusize/Harmon",
                   "sjd": "tyshiwo1/Accelerating-T2I-AR-with-SJD", "scd": "junhyukso/SCD", "gsd": "junhyukso/GSD",
-                  "sjd_pac": "KangJialiang/SJD-PAC", "zipar": "ThisisBillhe/ZipAR"}
+                  "sjd_pac": "KangJialiang/SJD-PAC", "zipar": "ThisisBillhe/ZipAR", "pjd": "boyaliao/PJD"}
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -1661,6 +1663,214 @@ def make_sjd_pac_sampler(root: Path, out_dir: Path, manifest: dict) -> None:
 _PAC_SETUP = (2.0, 0.3, 7, [2, 5, 10, 12, 91], 4)
 
 
+# ------------------------------------------------------------------------------------ PJD (sampler)
+# boyaliao/PJD ``scheduler/jacobi_iteration_lumina_mgpt.py``: its ``SpeculativeSampler.__call__`` verifies
+# every active row of a forward at once (a row's segment of the window: its anchor, then its drafts),
+# ``JacobiSampler.prefix_matching_next_tokens`` splits each row's outputs into the committed and the
+# unmatched ones (the next forward's drafts), ``sampling_logits2tokens`` draws the target samples and
+# ``get_multi_token_for_preparation`` the random top-ups. They run here on a synthetic target over an
+# H x W grid; what the loop does between forwards (the window updates, row starts and ends: upstream
+# ``_sample``, docs/design/row_parallel_upstream.md section 1) is glue written from that reading
+# (``_pjd_case``), scaled to a tiny grid (window and start below, upstream 8 and 8).
+# (V, grid H, W, window, start, target a, b, cases): chosen so the fixture holds top-row rejections
+# and all-accepted rounds, lower rows that accept, reject, and keep drafts by the 1/2 rule, v = 1 rows
+_PJD_SETUP = (8, 4, 8, 4, 2, 2.5, 1.0, 8)
+
+
+class _GridTarget:
+    """The synthetic target of the PJD fixture: the logits of the output that predicts grid cell k
+    from an input token x are a * A[k % P] + b * B[x] (float64, seeded; x = V is the row-start token,
+    upstream's end of line). A distribution that depends on the cell and on the input, so a carried
+    draft's acceptance depends on what was committed before it."""
+
+    def __init__(self, V: int, seed: int, a: float, b: float, P: int = 5):
+        g = torch.Generator().manual_seed(seed)
+        self.A = torch.randn(P, V, generator=g, dtype=torch.float64)
+        self.B = torch.randn(V + 1, V, generator=g, dtype=torch.float64)
+        self.a, self.b, self.P = a, b, P
+
+    def logits(self, cell: int, x: int) -> torch.Tensor:
+        return self.a * self.A[cell % self.P] + self.b * self.B[x]
+
+
+def _pjd_case(mod, sampler_cls, target: _GridTarget, H: int, W: int, V: int, window: int, start: int,
+              generator: torch.Generator) -> list[dict]:
+    """One image of PJD's schedule on an H x W grid (batch 1) with upstream's functions of ``mod``;
+    returns one record per forward. Row r's image tokens are counted by ``n[r]`` (upstream's
+    ``row_token_num`` less its leading w / end of line); a row's anchor is its latest token, or the
+    row-start token V before its first one."""
+    from types import SimpleNamespace
+
+    from transformers.generation.logits_process import LogitsProcessorList
+
+    identity = LogitsProcessorList()  # Lumina's image mask and top-2000 leave V image tokens unchanged
+    img_vocab = torch.arange(V)
+    jacobi = mod.renew_sampler(type("Model", (torch.nn.Module,), {}))  # upstream's mixin over a model class
+    grid = [[] for _ in range(H)]
+    # token (0, 0): a plain sample (upstream's first image step, v = 1)
+    with _Draws() as draws:
+        p00 = torch.softmax(target.logits(0, V), -1)
+        t00 = int(torch.multinomial(p00.unsqueeze(0), 1, generator=generator)[0, 0])
+    draws.take("multinomial")
+    grid[0].append(t00)
+    ongoing = [0]
+    v = torch.zeros(H, dtype=torch.long)
+    keep, jac = torch.zeros(H, dtype=torch.long), torch.zeros(H, dtype=torch.long)
+    carry = {0: ([], [])}
+    v[0] = min(W - 1, window)
+    jac[0] = v[0] - 1
+    out = []
+    while ongoing:
+        with _Draws() as draws:
+            ids = torch.tensor([[t for row in grid for t in row]])
+            tcs = torch.zeros(1, ids.shape[1], V, dtype=torch.float64)  # committed scores: never read here
+            rand_tokens, rand_scores = mod.get_multi_token_for_preparation(
+                img_vocab=img_vocab, rand_token_num=jac, ongoing_row_list=torch.tensor(ongoing), input_ids=ids,
+                temporary_collected_scores=tcs, device="cpu")
+            toks, q, cells, rows_of = [], [], [], []
+            used = 0
+            for r in ongoing:
+                anchor = grid[r][-1] if grid[r] else V
+                toks.append(anchor)
+                q.append(torch.zeros(V, dtype=torch.float64))  # the anchor is never tested
+                ct, cs = carry[r]
+                toks += ct[: int(keep[r])]
+                q += cs[: int(keep[r])]
+                toks += rand_tokens[0, used: used + int(jac[r])].tolist()
+                q += list(rand_scores[0, used: used + int(jac[r])])
+                used += int(jac[r])
+                cells += [r * W + len(grid[r]) + j for j in range(int(v[r]))]
+                rows_of += [r] * int(v[r])
+            window_ids = torch.tensor([toks])
+            window_q = torch.stack(q).unsqueeze(0)
+            logits = torch.stack([target.logits(c, x) for c, x in zip(cells, toks)]).unsqueeze(0)
+            next_tokens, p = mod.sampling_logits2tokens(
+                logits, ids, torch.ones(1, dtype=torch.long), 0, output_token_num=len(toks),
+                logits_processor=identity, logits_warper=None, do_sample=True, has_eos_stopping_criteria=False,
+                do_cfg=False, generator=generator)
+            sampler = sampler_cls(
+                generator=generator, reject_sampling_relative_ids=-torch.ones(1, dtype=torch.long),
+                reject_sampling_draft_token_logits=torch.zeros((1, V), dtype=torch.long),
+                sampling_last_draft_token=torch.zeros((1,), dtype=torch.long))
+            record_call, raw, resid_calls = _recording(sampler, p)
+            state = SimpleNamespace(ongoing_row_list=torch.tensor(ongoing), verify_num=v.clone())
+            m, n_unmatched, matched, unmatched, _, unmatched_s = jacobi.prefix_matching_next_tokens(state, model_input_ids=window_ids, next_tokens=next_tokens,
+                                             next_token_scores=p, input_token_scores=window_q,
+                                             prefix_token_sampler=record_call, logits_processor=identity,
+                                             logits_warper=None, all_collected_input_ids=ids)
+        fm, res_tokens, res_scores = raw["ret"]
+        topup = draws.take("randint")["out"][0]
+        tgt = draws.take("multinomial")
+        rs = draws.take("rand")["out"]
+        resid = [draws.take("multinomial") for _ in resid_calls]
+        assert not draws.events, f"unexpected upstream draws: {[e['kind'] for e in draws.events]}"
+        assert torch.equal(tgt["probs"], p[0]) and torch.equal(tgt["out"][:, 0], next_tokens[0])
+        out.append({"rows": list(ongoing), "v": [int(v[r]) for r in ongoing], "keep": [int(keep[r]) for r in ongoing],
+                    "n": [len(grid[r]) for r in ongoing], "window": window_ids[0], "window_q": window_q[0],
+                    "cells": torch.tensor(cells), "logits": logits[0], "p": p[0], "u_target": tgt["u"][:, 0],
+                    "target_tokens": next_tokens[0], "rs": rs[0], "topup": topup.long(),
+                    "resid_slot": resid_calls, "resid_u": [e["u"][0, 0] for e in resid],
+                    "resid_probs": [e["probs"][0] for e in resid], "first_misaligned": list(fm[0]),
+                    "next_tokens": res_tokens[0], "next_scores": res_scores[0], "matched": m.clone()})
+        # the glue (upstream _sample, after verification): commit, carry, new windows, row starts and ends
+        mt, ut, us_ = matched[0].tolist(), unmatched[0].tolist(), list(unmatched_s[0])
+        done = []
+        for i, r in enumerate(list(ongoing)):
+            k, left = int(m[i]), int(n_unmatched[i])
+            grid[r] += mt[:k]
+            mt = mt[k:]
+            carry[r] = (ut[:left], us_[:left])
+            ut, us_ = ut[left:], us_[left:]
+            v[r] = min(W - len(grid[r]), window) if i == 0 else min(len(grid[ongoing[i - 1]]) - len(grid[r]), window)
+            keep[r] = left if left < v[r] - 1 else v[r] - 1
+            jac[r] = v[r] - 1 - keep[r]
+            if len(grid[r]) >= start and r < H - 1 and r + 1 not in ongoing and not grid[r + 1]:
+                ongoing.append(r + 1)
+                v[r + 1] = min(len(grid[r]), window)
+                jac[r + 1], keep[r + 1] = v[r + 1] - 1, 0
+                carry[r + 1] = ([], [])
+            if len(grid[r]) == W:
+                v[r] = keep[r] = jac[r] = 0
+                done.append(r)
+        for r in done:
+            ongoing.remove(r)
+        if ongoing:  # the new top row: top-row windows
+            top = ongoing[0]
+            v[top] = min(W - len(grid[top]), window)
+            keep[top] = min(len(carry[top][0]), v[top] - 1)
+            jac[top] = v[top] - 1 - keep[top]
+    assert all(len(row) == W for row in grid)
+    return out, t00
+
+
+def make_pjd_sampler(root: Path, out_dir: Path, manifest: dict) -> None:
+    """boyaliao/PJD ``scheduler/jacobi_iteration_lumina_mgpt.py``: PJD's multi-row verification."""
+    V, H, W, window, start, a, b, n_cases = _PJD_SETUP
+    with upstream_path(root, ("scheduler",)):
+        mod = importlib.import_module("scheduler.jacobi_iteration_lumina_mgpt")
+        records, firsts = [], []
+        for c in range(n_cases):
+            torch.manual_seed(300 + c)  # the top-ups' torch.randint uses the global generator
+            gen = torch.Generator().manual_seed(400 + c)  # upstream's self.generator
+            recs, t00 = _pjd_case(mod, mod.SpeculativeSampler, _GridTarget(V, 11, a, b), H, W, V, window, start, gen)
+            for rec in recs:
+                rec["case"] = c
+            records += recs
+            firsts.append(t00)
+    R, N = len(records), H * window  # N: the most inputs a forward holds
+    inp = {"case": torch.tensor([r["case"] for r in records]),
+           "rows": torch.full((R, H), -1, dtype=torch.long), "v": torch.zeros(R, H, dtype=torch.long),
+           "keep": torch.zeros(R, H, dtype=torch.long), "n": torch.zeros(R, H, dtype=torch.long),
+           "window": torch.full((R, N), -1, dtype=torch.long), "window_q": torch.zeros(R, N, V, dtype=torch.float64),
+           "logits": torch.zeros(R, N, V, dtype=torch.float64), "u_target": torch.full((R, N), -1.0, dtype=torch.float64),
+           "rs": torch.zeros(R, N, V, dtype=torch.float64), "topup": torch.full((R, N), -1, dtype=torch.long),
+           "resid_u": torch.full((R, N), -1.0, dtype=torch.float64)}
+    outp = {"p": torch.zeros(R, N, V, dtype=torch.float64), "target_tokens": torch.full((R, N), -1, dtype=torch.long),
+            "first_misaligned": torch.full((R, H), -1, dtype=torch.long), "matched": torch.full((R, H), -1, dtype=torch.long),
+            "next_tokens": torch.full((R, N), -1, dtype=torch.long), "next_scores": torch.zeros(R, N, V, dtype=torch.float64),
+            "resid_probs": torch.zeros(R, N, V, dtype=torch.float64), "resid_token": torch.full((R, N), -1, dtype=torch.long)}
+    for i, r in enumerate(records):
+        k, L = len(r["rows"]), r["window"].shape[0]
+        for key in ("rows", "v", "keep", "n"):
+            inp[key][i, :k] = torch.tensor(r[key])
+        outp["first_misaligned"][i, :k] = torch.tensor(r["first_misaligned"])
+        outp["matched"][i, :k] = r["matched"]
+        for key in ("window", "window_q", "logits", "u_target", "rs"):
+            inp[key][i, :L] = r[key]
+        inp["topup"][i, : r["topup"].shape[0]] = r["topup"]
+        for key in ("p", "target_tokens", "next_tokens", "next_scores"):
+            outp[key][i, :L] = r[key]
+        for s, uu, pr in zip(r["resid_slot"], r["resid_u"], r["resid_probs"]):
+            inp["resid_u"][i, s] = uu
+            outp["resid_probs"][i, s] = pr
+            outp["resid_token"][i, s] = r["next_tokens"][s - 1]
+    config = {"V": V, "H": H, "W": W, "window": window, "start": start, "cases": n_cases, "forwards": R,
+              "first_tokens": firsts, "dtype": "float64", "keep_above": 0.5,
+              "target": {"a": a, "b": b, "P": 5, "seed": 11,
+                         "logits": "a * A[cell % P] + b * B[input token], A, B ~ N(0, 1) (float64); "
+                                   "input token V = a row's start (upstream's end of line)"},
+              "img_vocab": f"0..{V - 1}", "logits_processor": "LogitsProcessorList() (identity)"}
+    note = (f"{n_cases} images of an {H} x {W} grid (batch 1, V={V}, window {window}, row r+1 starts when row r has "
+            f"{start} tokens) on a synthetic target; one record per forward f (inputs padded with -1 / 0 to "
+            f"N={N}): in.rows / .v / .keep / .n (the active rows, top first, their windows, carried drafts and "
+            "committed tokens before the forward), in.window / .window_q (each row's anchor then its drafts, and "
+            "the q upstream tests them with), in.topup (get_multi_token_for_preparation's torch.randint ids, in "
+            "row order), in.logits, out.p (sampling_logits2tokens' probabilities), in.u_target / "
+            "out.target_tokens (the target samples), in.rs (the acceptance uniforms, torch.rand (N, V): draft i "
+            "is tested with rs[i, window[i]] against p[i - 1]), in.resid_u / out.resid_probs / out.resid_token "
+            "(the top row's residual draw, at the rejected input slot), out.first_misaligned (the sampler's per "
+            "row index), out.matched (prefix_matching_next_tokens' commits per row), out.next_tokens / "
+            "out.next_scores (the sampler's resampled tokens and scores: a row's first out.matched outputs are "
+            "committed, the rest are the next forward's drafts). torch.multinomial replaced by a recorded "
+            "inverse-CDF draw (_Draws); float64. Upstream code: an excerpt of the module (the four definitions "
+            "named in upstream_source, code lines verbatim) from the code index's copy; no git snapshot could "
+            "be had")
+    save(out_dir, "sampler_pjd", "sampler_pjd", {}, inp, outp, config, manifest, UPSTREAM_REPOS["pjd"],
+         checkout_commit(root), "scheduler/jacobi_iteration_lumina_mgpt.py (SpeculativeSampler.__call__, "
+         "JacobiSampler.prefix_matching_next_tokens, sampling_logits2tokens, get_multi_token_for_preparation)",
+         1e-12, note)
+
+
 # ------------------------------------------------------------------------------------ ZipAR (LlamaGen)
 # (case, cfg_scale, temperature, top_k, uniform seed): guided at upstream's cfg 2.0 with plain softmax;
 # unguided with a temperature and a top-k, so the sampler's warping is compared too
@@ -1844,6 +2054,7 @@ FAMILIES = {
     "gsd": [make_gsd_sampler],
     "sjd_pac": [make_sjd_pac_sampler],
     "zipar": [make_zipar_llamagen],
+    "pjd": [make_pjd_sampler],
 }
 EXTRA = {"llamagen": [make_t5]}  # run after every family (make_t5 reads LANTERN's prompt files when given)
 
@@ -1862,6 +2073,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sjd-pac", type=Path, help="checkout of KangJialiang/SJD-PAC (sampler only)")
     ap.add_argument("--zipar", type=Path,
                     help="checkout of ThisisBillhe/ZipAR (its root or LlamaGen-ZipAR/; git archive: UPSTREAM_COMMIT)")
+    ap.add_argument("--pjd", type=Path,
+                    help="boyaliao/PJD's scheduler/ (the sampler's definitions; UPSTREAM_COMMIT)")
     ap.add_argument("--hf-chameleon", action="store_true",
                     help="also make the transformers ChameleonForConditionalGeneration fixture (installed package)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -1883,7 +2096,7 @@ def main(argv=None) -> int:
     given = {name: getattr(args, name) for name in FAMILIES if getattr(args, name) is not None}
     if not given and not args.hf_chameleon:
         ap.error("give at least one upstream checkout (--llamagen, --lantern, --lumina, --mar, --xar, --harmon, "
-                 "--sjd, --scd, --gsd, --sjd-pac, --zipar) "
+                 "--sjd, --scd, --gsd, --sjd-pac, --zipar, --pjd) "
                  "or --hf-chameleon")
     for name, root in given.items():
         if not root.is_dir():

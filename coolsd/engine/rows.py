@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -296,6 +297,53 @@ def _aux_token(buf_b, n: list, k: int, W: int) -> int:
     return int(buf_b[src * W + n[src] - 1])
 
 
+class RowVerdict(NamedTuple):
+    """What one PJD row's verification decided: ``committed`` (the tokens it emits, in order),
+    ``drafts`` (the next forward's drafts at the positions after them: (token, the q it is tested
+    with)), ``residual`` (the distribution the top row's correction was drawn from, None if none)."""
+    committed: list
+    drafts: list
+    residual: torch.Tensor | None
+
+
+def pjd_verify_row(ps, drafts, u_accept, u_resid, u_sample, top: bool, keep_above, rule) -> RowVerdict:
+    """One row of a PJD forward (docs/methods.md section 8.2, "Verification"). ``ps`` (v, V): the
+    target's distributions at the row's v inputs (the anchor, then ``drafts``; ``ps[j]`` predicts
+    the position after input j); ``drafts``: v - 1 pairs (token, q or None for a one-hot top-up);
+    ``u_accept`` (v - 1,) draft j's test uniform; ``u_resid`` the residual draw's uniform;
+    ``u_sample`` (v,) the target samples' uniforms, by inverse CDF (``sample_inverse_cdf``).
+
+    Draft j is accepted while ``u < min(1, p_{j-1}(d_j) / q_j(d_j))`` (``rule``). The top row is
+    SJD: the first rejection emits a draw from ``Norm([p_{j-1} - q_j]_+)``, all accepted emits the
+    last output's sample. A lower row emits only its accepted drafts; its sample at the first
+    rejected position is the next draft there. After the first rejection a draft with acceptance
+    probability above ``keep_above`` stays the next draft with its q (None: the fresh sample)."""
+    v = ps.shape[0]
+    samples = [int(sample_inverse_cdf(ps[j], u_sample[j])) for j in range(v)]
+    committed, nxt, rejected, residual = [], [], False, None
+    for j, (d, q) in enumerate(drafts, 1):
+        qv = q if q is not None else torch.zeros_like(ps[0]).index_fill_(0, torch.tensor(d), 1.0)
+        f, resid = rule.step(ps[j - 1].unsqueeze(0), qv.unsqueeze(0), torch.tensor([d]), 1)
+        f = float(f)
+        if not rejected and float(u_accept[j - 1]) < f:
+            committed.append(d)
+        elif not rejected:
+            rejected = True
+            if top:  # SJD at the top row: the residual's sample replaces the draft
+                residual = resid[0] / resid[0].sum() if float(resid[0].sum()) > 0 else ps[j - 1]
+                committed.append(int(sample_inverse_cdf(residual, u_resid)))
+            else:  # a lower row: the sample here is the next forward's draft
+                nxt.append((samples[j - 1], ps[j - 1]))
+        else:  # after the first rejection: the old draft stays a draft if f > keep_above (upstream 1/2)
+            keep_old = keep_above is not None and f > keep_above
+            nxt.append((d, qv) if keep_old else (samples[j - 1], ps[j - 1]))
+    if top and not rejected:  # every draft accepted: the bonus token
+        committed.append(samples[v - 1])
+    else:  # the last output's sample is a draft of the next forward (a lower row's would-be bonus)
+        nxt.append((samples[v - 1], ps[v - 1]))
+    return RowVerdict(committed, nxt, residual)
+
+
 def pjd_generate(target, n_tokens: int, rng, pjd: PJDRows, sampling, cond, batch_size: int, sync, distortion: bool):
     """PJD (docs/methods.md section 8.2) through the target's cache with visibility by position.
 
@@ -390,34 +438,13 @@ def pjd_generate(target, n_tokens: int, rng, pjd: PJDRows, sampling, cond, batch
                     i += 1
                     continue
                 top = row is rows[b][0]
-                ps = probs[b, i : i + row.v]  # p_0 .. p_{v-1}: p_j predicts position apos + j + 1
-                us = u[b, cap + i : cap + i + row.v]
-                samples = [int(sample_inverse_cdf(ps[j], u[b, 2 * cap + i + j])) for j in range(row.v)]
-                committed, nxt, rejected = [], [], False
-                for j, (d, q) in enumerate(row.drafts, 1):
-                    qv = q if q is not None else torch.zeros_like(ps[0]).index_fill_(0, torch.tensor(d), 1.0)
-                    f, resid = rule.step(ps[j - 1].unsqueeze(0), qv.unsqueeze(0), torch.tensor([d]), 1)
-                    f = float(f)
-                    if not rejected and float(us[j]) < f:
-                        committed.append((d, ps[j - 1]))
-                    elif not rejected:
-                        rejected = True
-                        if top:  # SJD at the top row: the residual's sample replaces the draft
-                            res = resid[0] / resid[0].sum() if float(resid[0].sum()) > 0 else ps[j - 1]
-                            committed.append((int(sample_inverse_cdf(res, us[0])), ps[j - 1]))
-                        nxt.append((samples[j - 1], ps[j - 1]))  # lower rows: the sample here is next iteration's draft
-                    else:  # after the first rejection: the old draft stays a draft if f > keep_above (upstream 1/2)
-                        keep_old = pjd.keep_above is not None and f > pjd.keep_above
-                        nxt.append((d, qv) if keep_old else (samples[j - 1], ps[j - 1]))
-                if top and not rejected:  # every draft accepted: the bonus token
-                    committed.append((samples[row.v - 1], ps[row.v - 1]))
-                else:  # the last output's sample is a draft of the next forward (a lower row's would-be bonus)
-                    nxt.append((samples[row.v - 1], ps[row.v - 1]))
-                if top and rejected:
-                    nxt = nxt[1:]  # the rejected position was emitted (resampled): drafts start after it
+                us = u[b, cap + i : cap + i + row.v]  # us[0]: the residual's draw, us[j]: draft j's test
+                verdict = pjd_verify_row(probs[b, i : i + row.v], row.drafts, us[1:], us[0],
+                                         u[b, 2 * cap + i : 2 * cap + i + row.v], top, pjd.keep_above, rule)
+                committed, nxt = verdict.committed, verdict.drafts
                 mc = len(committed)
                 base = row.r * W + n[b][row.r]
-                for k, (t, _) in enumerate(committed):
+                for k, t in enumerate(committed):
                     host[b, base + k] = t
                 kept += list(range(i, i + mc))  # the anchor and the accepted drafts before the last committed token
                 n[b][row.r] += mc

@@ -1,7 +1,7 @@
 """Parity of the SJD family's verification and drafting with the UPSTREAM samplers, on recorded fixtures.
 
 ``tests/fixtures/upstream/sampler_*.safetensors`` were made by ``tools/make_upstream_fixtures.py``
-(``--sjd``, ``--scd``, ``--gsd``, ``--sjd-pac``) with the upstream samplers at the commits in
+(``--sjd``, ``--scd``, ``--gsd``, ``--sjd-pac``, ``--pjd``) with the upstream samplers at the commits in
 ``MANIFEST.json``, on a synthetic target (float64), with every random draw recorded: the acceptance
 uniforms (upstream's ``torch.rand``), the top-up ids (``torch.randint``) and the uniforms of every
 ``torch.multinomial`` draw (the generator replaces it, during the upstream run, by an inverse-CDF draw
@@ -26,6 +26,10 @@ window, except where ours deliberately differs, which each test asserts in exact
   test rejects at a branching depth from the residual after all the old siblings there; ours is
   recursive rejection with draws from the distributions each node reports (docs/sjd_pac.md).
 
+PJD (boyaliao/PJD): each forward's rows are replayed into ``pjd_verify_row`` (the function
+``pjd_generate`` runs for every row); no deliberate difference at this level. The schedule around it
+(windows, row starts) is the glue's, not upstream's code (tests/fixtures/upstream/README.md).
+
 Uniform conventions: upstream accepts draft i when ``rs[i, d_i] < min(1, p(d_i) / q(d_i))``, our
 ``verify_tree`` when ``u_accept < f``: u_accept = rs[i, d_i]. Upstream's top-up ``randint`` id k is
 our top-up uniform (k + 0.5) / V (``JacobiDrafter`` takes floor(u V)). A multinomial draw's recorded
@@ -46,6 +50,7 @@ from coolsd.engine.decoding.rules import ExactRule, GroupRule, acceptance_prob, 
 from coolsd.engine.decoding.trees import make_tree, pac_tree
 from coolsd.engine.decoding.verify import verify_tree
 from coolsd.engine.drafting import JacobiDrafter, PACDrafter, RoundInfo
+from coolsd.engine.rows import pjd_verify_row
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "upstream"
 MANIFEST = json.loads((FIXTURES / "MANIFEST.json").read_text())
@@ -608,3 +613,87 @@ def test_sjd_pac_drafting_parity_catches_a_mutated_coupling(monkeypatch, mutant)
     monkeypatch.setattr(drafting, "_maximal_coupling", mutant)
     with pytest.raises(AssertionError):
         check_pac_drafting(load("sampler_sjd_pac"))
+
+
+# ------------------------------------------------------------------------------------ PJD
+def pjd_forwards(fx, rule=None, top_rows="first", keep_above=0.5):
+    """Replays every forward of ``sampler_pjd`` into ``pjd_verify_row``, one active row at a time
+    (the top row first), with upstream's draws; yields (forward, row index, what upstream did, ours)."""
+    V = fx.config["V"]
+    rule = rule or ExactRule()
+    for f in range(fx.inp["window"].shape[0]):
+        rows = fx.inp["rows"][f]
+        s = 0
+        for k in range(int((rows >= 0).sum())):
+            v, keep = int(fx.inp["v"][f, k]), int(fx.inp["keep"][f, k])
+            e = s + v
+            window = fx.inp["window"][f, s:e]
+            p = torch.softmax(fx.inp["logits"][f, s:e], -1)
+            torch.testing.assert_close(p, fx.out["p"][f, s:e], atol=fx.tol, rtol=0)
+            # carried drafts with the q upstream tests them with; top-ups (upstream's randint ids) one-hot here
+            drafts = [(int(window[j]), fx.inp["window_q"][f, s + j] if j <= keep else None) for j in range(1, v)]
+            u_accept = torch.stack([fx.inp["rs"][f, s + j, window[j]] for j in range(1, v)]) if v > 1 else torch.zeros(0)
+            resid_u = fx.inp["resid_u"][f, s:e]
+            top = k == 0 if top_rows == "first" else True
+            ours = pjd_verify_row(p, drafts, u_accept, float(resid_u.max()), fx.inp["u_target"][f, s:e], top,
+                                  keep_above, rule)
+            m = int(fx.out["matched"][f, k])
+            theirs = SimpleNamespace(committed=fx.out["next_tokens"][f, s : s + m].tolist(),
+                                     drafts=fx.out["next_tokens"][f, s + m : e].tolist(),
+                                     q=fx.out["next_scores"][f, s + m : e], keep=keep, window=window,
+                                     resid_slot=int(resid_u.argmax()) if float(resid_u.max()) >= 0 else None,
+                                     resid_probs=fx.out["resid_probs"][f, s:e])
+            yield f, int(rows[k]), theirs, ours
+            s = e
+    assert V == fx.out["p"].shape[-1]
+
+
+def check_pjd(fx, **kw) -> dict:
+    seen = {"top_resampled": 0, "lower_rejected": 0, "kept_by_half_rule": 0, "carried": 0}
+    carried = {}  # (case, row) -> our next drafts, to compare with the next forward's carried drafts
+    for f, r, theirs, ours in pjd_forwards(fx, **kw):
+        case = int(fx.inp["case"][f])
+        assert ours.committed == theirs.committed, (f, r, ours.committed, theirs.committed)
+        assert [t for t, _ in ours.drafts] == theirs.drafts, (f, r, ours.drafts, theirs.drafts)
+        for (t, q), q_up in zip(ours.drafts, theirs.q):
+            qv = q if q is not None else torch.nn.functional.one_hot(torch.tensor(t), q_up.shape[0]).double()
+            torch.testing.assert_close(qv, q_up, atol=fx.tol, rtol=0)
+        if theirs.resid_slot is not None:  # the top row's correction: the same residual distribution
+            assert ours.residual is not None, (f, r)
+            torch.testing.assert_close(ours.residual, theirs.resid_probs[theirs.resid_slot], atol=fx.tol, rtol=0)
+            seen["top_resampled"] += 1
+        else:
+            assert ours.residual is None, (f, r)
+        prev = carried.get((case, r))
+        if prev is not None and theirs.keep:  # the next forward tests the drafts we carried, with their q
+            assert [t for t, _ in prev[: theirs.keep]] == theirs.window[1 : 1 + theirs.keep].tolist(), (f, r)
+            seen["carried"] += 1
+        if r != int(fx.inp["rows"][f, 0]) and len(theirs.committed) < len(theirs.window) - 1:
+            seen["lower_rejected"] += 1
+        n_acc = len(theirs.committed)
+        for j, (t, q) in enumerate(ours.drafts[1:], n_acc + 2):  # drafts after the first rejected slot
+            if j < len(theirs.window) and t == int(theirs.window[j]) and q is not None:
+                seen["kept_by_half_rule"] += 1
+        carried[(case, r)] = ours.drafts
+    return seen
+
+
+def test_pjd_matches_upstream():
+    """boyaliao/PJD's SpeculativeSampler over every active row of a forward, and prefix_matching's
+    split (docs/methods.md section 8.2): per row, the committed tokens (the top row's accepted drafts
+    and its correction from [p - q]_+ or its bonus; a lower row's accepted drafts only), the next
+    forward's drafts and their q (the 1/2 rule's kept drafts with their old q), the residual, given
+    the same draws, on every forward of 8 images of a 4 x 8 grid."""
+    fx = load("sampler_pjd")
+    seen = check_pjd(fx)
+    # the fixture holds what the rules are about: corrections, lower-row rejections, kept drafts
+    assert seen["top_resampled"] >= 20 and seen["lower_rejected"] >= 20, seen
+    assert seen["kept_by_half_rule"] >= 3 and seen["carried"] >= 50, seen
+
+
+@pytest.mark.parametrize("mutant", [{"rule": _NoResidual()}, {"rule": _IgnoreQ()}, {"keep_above": None},
+                                    {"top_rows": "all"}],
+                         ids=["no_residual", "ignore_q", "no_half_rule", "lower_rows_as_top"])
+def test_pjd_parity_catches_a_mutation(mutant):
+    with pytest.raises(AssertionError):
+        check_pjd(load("sampler_pjd"), **mutant)
