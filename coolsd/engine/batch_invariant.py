@@ -127,12 +127,13 @@ def per_sample(fn, x):
     return _concat([fn(x[b : b + 1]) for b in range(len(x))])
 
 
-def forward_each(targets: list, tokens: torch.Tensor, positions: torch.Tensor, attend: torch.Tensor):
+def forward_each(targets: list, tokens: torch.Tensor, positions: torch.Tensor, attend: torch.Tensor, **kw):
     """``ARModel.forward`` of a batch held as one batch-1 target per sample (a target whose prefill
     of prompts of different lengths runs each prompt alone): each sample's rows to its own target,
-    the outputs stacked. ``positions`` (B, m) or (1, m); ``attend`` (m, P+m) or (B, m, P+m)."""
+    the outputs stacked. ``positions`` (B, m) or (1, m); ``attend`` (m, P+m) or (B, m, P+m); ``kw``
+    (``by_position=``) to every target."""
     outs = [t.forward(tokens[b : b + 1], positions[b : b + 1] if positions.shape[0] > 1 else positions,
-                      attend[b : b + 1] if attend.dim() == 3 else attend)
+                      attend[b : b + 1] if attend.dim() == 3 else attend, **kw)
             for b, t in enumerate(targets)]
     return StepOut(logits=torch.cat([o.logits for o in outs]), hidden=torch.cat([o.hidden for o in outs]))
 

@@ -154,7 +154,7 @@ def row_parallel_generate(target, n_tokens: int, rng, rows: RowParallel, samplin
 
     if not getattr(target, "row_parallel", False):
         raise ValueError(f"row-parallel decoding needs a target whose forward takes by_position=True; "
-                         f"{type(target).__name__} has none (LlamaGen-class targets: toy, llamagen_xl)")
+                         f"{type(target).__name__} has none (toy, llamagen_xl, janus_pro, janus_pro_7b)")
     steps = rows.schedule(n_tokens)
     B = batch_size
     # every forward's index and mask tensors, made once: a round makes no tensor from Python data and
@@ -354,7 +354,7 @@ def pjd_generate(target, n_tokens: int, rng, pjd: PJDRows, sampling, cond, batch
     decide the next inputs): eager only."""
     if not getattr(target, "row_parallel", False):
         raise ValueError(f"PJD needs a target whose forward takes by_position=True; {type(target).__name__} has none "
-                         f"(LlamaGen-class targets: toy, llamagen_xl)")
+                         f"(toy, llamagen_xl, janus_pro, janus_pro_7b)")
     W = pjd.grid_width
     if n_tokens % W:
         raise ValueError(f"pjd needs whole rows: {n_tokens} image tokens is not a multiple of the grid width {W}")

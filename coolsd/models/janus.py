@@ -168,17 +168,19 @@ def tree_cache(kv: KVCache, step: CacheStep, span: int):
 
 
 def run_tree_masked(lm, kv: KVCache, attend: torch.Tensor, positions: torch.Tensor,
-                    valid: Optional[torch.Tensor] = None, **inputs) -> torch.Tensor:
+                    valid: Optional[torch.Tensor] = None, by_position: Optional[torch.Tensor] = None,
+                    **inputs) -> torch.Tensor:
     """A transformers decoder (``lm``: ``LlamaModel``, ``Emu3TextModel``, any model that takes a 4-D
     ``attention_mask``, explicit ``position_ids`` and a ``Cache``) over ``inputs`` (``input_ids=`` or
     ``inputs_embeds=``, n x m) at logical ``positions`` (n, m), appended to ``kv`` as m pending entries
     that see the committed ones and the pending ones ``attend`` allows (``KVCache.prepare``; ``valid``:
-    the real rows per sample of a padded prefill). Attention runs over slots [0, span): the step's span,
+    the real rows per sample of a padded prefill; ``by_position`` (n, m): the entries' positions for the
+    cache's visibility by position, row-parallel decoding). Attention runs over slots [0, span): the step's span,
     or under ``coolsd.engine.batch_invariant`` the longest row's exact one. The mask is boolean for
     SDPA, additive (0 / the dtype's min) for eager attention, which adds it. Returns the last hidden
     state (n, m, H). The model's layers, RoPE, norms and MLPs run unchanged."""
     m = positions.shape[1]
-    step = kv.prepare(attend, m, valid=valid)
+    step = kv.prepare(attend, m, valid=valid, positions=by_position)
     span = max(step.spans) if step.spans is not None else step.span  # batch_invariant: the exact span
     mask = step.mask[..., :span]
     if lm.config._attn_implementation == "eager":  # eager attention adds the mask
@@ -206,6 +208,8 @@ class JanusTarget:
     = [cond, uncond] when guided. Under ``coolsd.engine.batch_invariant`` with B > 1 every sample runs
     in its own batch-1 target over the same model.
     """
+
+    row_parallel = True  # forward(..., by_position=True): row-parallel decoders run on it (coolsd.engine.rows)
 
     def __init__(self, model, *, cfg_scale: float, tokens: JanusTokens, cache_headroom: int = 128):
         cfg = model.config
@@ -272,10 +276,11 @@ class JanusTarget:
         return self.cache
 
     def _run(self, embeds: torch.Tensor, positions: torch.Tensor, attend: torch.Tensor,
-             valid: Optional[torch.Tensor] = None) -> torch.Tensor:
+             valid: Optional[torch.Tensor] = None, by_position: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The language model over ``embeds`` (n, m, H) at logical ``positions`` (n, m), appended as
         pending entries that see the committed ones and the pending ones ``attend`` allows."""
-        return run_tree_masked(self.lm, self.cache, attend, positions, valid=valid, inputs_embeds=embeds)
+        return run_tree_masked(self.lm, self.cache, attend, positions, valid=valid, by_position=by_position,
+                               inputs_embeds=embeds)
 
     def _out(self, hidden: torch.Tensor) -> StepOut:
         logits = self.model.model.generation_head(hidden)
@@ -340,11 +345,14 @@ class JanusTarget:
         positions: torch.Tensor,
         attend: torch.Tensor,
         features: Optional[torch.Tensor] = None,
+        by_position: bool = False,
     ) -> StepOut:
         """tokens: (B, m) codes; positions: (B, m) or (1, m) image-token indices j; attend: (m, P+m)
-        or (B, m, P+m) over the pending entries (existing first, then the new ones)."""
+        or (B, m, P+m) over the pending entries (existing first, then the new ones). ``by_position``:
+        each new token sees only the committed image entries at earlier indices j (and the whole
+        prompt; row-parallel decoding, ``coolsd.engine.rows``; ``KVCache``'s visibility by position)."""
         if self._alone is not None:
-            return forward_each(self._alone, tokens, positions, attend)
+            return forward_each(self._alone, tokens, positions, attend, by_position=by_position)
         if self.cache is None:
             raise RuntimeError("call begin() first")
         dev, B = self.device, self.batch_size
@@ -360,7 +368,7 @@ class JanusTarget:
             attend = self._double(attend.expand(B, m, P + m))
         embeds = self.model.prepare_embeddings_for_image_generation(self._double(tokens))
         pos = self._double(j) + self._offset.unsqueeze(1)
-        return self._out(self._run(embeds, pos, attend))
+        return self._out(self._run(embeds, pos, attend, by_position=self._double(j) if by_position else None))
 
     @torch.no_grad()
     def commit(self, keep: Optional[torch.Tensor], n_keep: torch.Tensor) -> None:

@@ -4,7 +4,7 @@ parallel decoders beside the drafted methods, on ONE loaded target, with ONE pro
 Rows (``SOTA_ROWS``): AR, EAGLE-1, COOL-SD at delta 1.1 and 2, SJD (random and SJD's best
 initialisation, vertical_repeat: its issue #1 / Fig. 9), MC-SJD (maximal coupling), SJD-PAC (width 4,
 depth 3; docs/sjd_pac.md), GSD, ZipAR (window 8 as upstream, 4 on the toy world's 8-token rows; on targets that decode rows
-in parallel, ``World.row_parallel``: not Lumina-mGPT yet). Columns: accepted tokens per target forward
+in parallel, ``World.row_parallel``: LlamaGen, Janus-Pro; not Lumina-mGPT or Emu3 yet). Columns: accepted tokens per target forward
 (image tokens / target forwards, per image: for drafted methods this differs from the accepted
 length only by the prefill), target forwards per image, latency, the speed-up over the AR row
 paired by prompt, the protocol's quality metrics (toy: toy_fid / toy_clip; real targets: the

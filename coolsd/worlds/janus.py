@@ -85,6 +85,7 @@ class JanusWorld(EncodedPromptWorld):
     targets = tuple(REPOS)  # conf/target/<name>.yaml
     schema = ("janus_schema", JanusTargetSchema)  # its conf files name it first
     presentation = Presentation(DiscreteWorld.presentation.columns, next_step=REAL_TARGET_HINT)
+    row_parallel = True  # JanusTarget.forward takes by_position=True (zipar, pjd)
 
     @classmethod
     def image_tokens(cls, cfg) -> int:

@@ -240,6 +240,65 @@ def test_greedy_ar_through_the_loop_equals_transformers_generate(model):
             assert max(max(r) for r in spec.round_lengths) == 5  # every self-draft accepted
 
 
+
+# ------------------------------------------------------------------------------ row-parallel decoding
+def _zipar_forwards(target, steps, codes, by_position=True) -> torch.Tensor:
+    """ZipAR's forwards (``zipar_schedule``) of fixed codes, each committed whole: logits (B, E, V)
+    of every fed entry in feed order."""
+    B = codes.shape[0]
+    target.begin(PROMPTS, B)
+    outs = []
+    for s in steps:
+        m = len(s.fed)
+        attend = torch.tensor([[b <= a for b in s.positions] for a in s.positions])
+        pos = torch.tensor(s.positions).expand(B, m)
+        kw = {"by_position": True} if by_position else {}
+        outs.append(target.forward(codes[:, list(s.fed)], pos, attend, **kw).logits)
+        target.commit(torch.arange(m).expand(B, m), torch.full((B,), m))
+    return torch.cat(outs, 1)
+
+
+@pytest.mark.parametrize("w", [1, 2])
+def test_row_parallel_forwards_see_by_position(model, w):
+    """``forward(by_position=True)`` (the KV cache's visibility by position, through TreeCache): the
+    ZipAR schedule's forwards, committed one by one, give the logits of ONE tree-masked forward over
+    every fed entry under ``coolsd.engine.rows.visibility`` (what each query sees, stated
+    independently), for prompts of different lengths; every committed entry seen (no by_position)
+    does not; under batch_invariant each sample equals itself alone, bit for bit."""
+    from coolsd.engine.rows import visibility, zipar_schedule
+
+    steps = zipar_schedule(SIDE, SIDE, w)
+    codes = rand_codes(2, N, seed=3)
+    fed = [f for s in steps for f in s.fed]
+    target = make_target(model)
+    target.begin(PROMPTS, 2)
+    pos = torch.tensor([p for s in steps for p in s.positions]).expand(2, -1)
+    ref = target.forward(codes[:, fed], pos, visibility(steps)).logits
+    got = _zipar_forwards(make_target(model), steps, codes)
+    close(got, ref, key=f"row-parallel by position, window {w}")
+    plain = _zipar_forwards(make_target(model), steps, codes, by_position=False)
+    assert (plain - ref).abs().max() > 1e-3
+    with batch_invariant.batch_invariant():
+        inv = _zipar_forwards(make_target(model), steps, codes)
+    close(inv, got)
+
+
+@pytest.mark.parametrize("method", ["zipar", "pjd"])
+def test_row_parallel_methods_run_through_the_loop(model, method):
+    """ZipAR and PJD through ``speculative_generate`` on Janus (batch of prompts of different lengths):
+    every code drawn, ZipAR in its documented 2 W + (H - 2) w forwards, PJD in fewer than AR's."""
+    m = build_method(method, **({"window": 2} if method == "zipar" else {"start": 2}))
+    drafter = build_drafter(m, None, SamplingConfig(), N_CODES, grid_width=SIDE)
+    res = speculative_generate(make_target(model), N, PerSampleRNG([0, 1]), drafter=drafter, cond=PROMPTS,
+                               batch_size=2, sampling=SamplingConfig())
+    assert res.tokens.shape == (2, N) and int(res.tokens.min()) >= 0 and int(res.tokens.max()) < N_CODES
+    forwards = list(res.target_forwards)
+    if method == "zipar":
+        assert forwards == [2 * SIDE + (SIDE - 2) * 2] * 2
+    else:
+        assert all(f < N for f in forwards)
+
+
 # ------------------------------------------------------------------------------ pixels and files
 def test_decode_is_the_vq_decoder_and_pixels_truncate_as_upstream(model):
     target = make_target(model)

@@ -2,8 +2,8 @@
 (``factories.write_janus_files``: the model tests' tiny model, saved with ``save_pretrained``, and a
 word-level tokenizer.json): prompt ids, the stop-before-work listing of the missing folder
 (in-process and from the command line), the image grid checked against ``target.image_size``, the
-whole job with ``ar``, ``sjd`` and self-drafted ``coolsd`` / ``eagle`` (greedy self-drafted EAGLE =
-greedy AR, image for image), and the pixels' upstream truncation."""
+whole job with ``ar``, ``sjd``, self-drafted ``coolsd`` / ``eagle`` (greedy self-drafted EAGLE =
+greedy AR, image for image) and the row-parallel ``zipar`` / ``pjd``, and the pixels' upstream truncation."""
 import json
 import subprocess
 import sys
@@ -69,6 +69,18 @@ def test_run_py_job_with_ar_sjd_and_self_drafting(folder, tmp_path):
     for a, e in zip(ar, eagle):
         assert a.image.shape == (8, 8, 3) and a.image.dtype == np.uint8
         assert np.array_equal(a.image, e.image) and max(e.fields["round_lengths"]) == 5
+
+
+@pytest.mark.parametrize("method", ["zipar", "pjd"])
+def test_run_py_job_with_row_parallel_methods(folder, tmp_path, method):
+    """ZipAR and PJD run on Janus-Pro through the one job (JanusWorld.row_parallel): every image
+    token drawn, ZipAR at its default window (half the 4-token rows) in 2 W + (H - 2) w forwards."""
+    s = run(_cfg(folder, tmp_path, f"method={method}", "baseline=false"))
+    assert set(s["results"]) == {method}
+    recs = [json.loads(x) for x in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    assert len(recs) == 2 and all(sum(r["round_lengths"]) == SIDE * SIDE - 1 for r in recs)
+    if method == "zipar":
+        assert all(r["target_forwards"] == 2 * SIDE + (SIDE - 2) * (SIDE // 2) for r in recs)
 
 
 def test_missing_folder_is_listed_before_any_work(tmp_path, monkeypatch):
