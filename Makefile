@@ -77,8 +77,10 @@ paper-table2: $(STAMP)
 	$(VPY) -m coolsd.report.table2 --targets $(TARGETS)
 
 # The field's parallel decoders beside the drafted methods on one target, one protocol -> results/sota/
+# (SOTA_ARGS: more options, e.g. SOTA_ARGS="--parti-tsv PartiPrompts.tsv"; python -m coolsd.report.sota -h)
+SOTA_ARGS ?=
 sota-table: $(STAMP)
-	$(VPY) -m coolsd.report.sota --targets $(TARGETS)
+	$(VPY) -m coolsd.report.sota --targets $(TARGETS) $(SOTA_ARGS)
 
 clean:
 	rm -rf $(VENV) outputs multirun

@@ -483,14 +483,16 @@ def toy_continuous_overrides(assets: Path) -> list[str]:
     return [f"target.assets={assets}", "target.head.steps=4"]
 
 
-def tiny_metric_scorers(tmp_path: Path) -> dict:
+def tiny_metric_scorers(tmp_path: Path, protocol: str = "lantern") -> dict:
     """``evaluate_run`` keyword arguments for a real-target report on tiny files: a tiny random
-    CLIP, moment features instead of Inception, reference statistics of three random COCO-named
-    JPEGs (numbers meaningless; the reports' layout is what such tests check)."""
+    CLIP (``protocol`` "lantern": our ``ClipScorer``; "sjd": torchmetrics' ``CLIPScore``), moment
+    features instead of Inception, reference statistics of three random COCO-named JPEGs (numbers
+    meaningless; the reports' layout is what such tests check)."""
     import numpy as np
     from PIL import Image
 
     from coolsd.metrics.clip_score import ClipScorer
+    from coolsd.metrics.clip_torchmetrics import TorchmetricsClipScorer
     from coolsd.metrics.reference import reference_statistics
 
     coco = tmp_path / "val2017"
@@ -500,7 +502,15 @@ def tiny_metric_scorers(tmp_path: Path) -> dict:
         Image.fromarray(r.integers(0, 256, (20, 24, 3), dtype=np.uint8)).save(coco / f"{i:012d}.jpg")
     feats = MomentFeatures()
     (tmp_path / "clip").mkdir()
-    return {"clip": ClipScorer.from_pretrained(write_tiny_clip(tmp_path / "clip")), "inception": feats,
+    clip_dir = write_tiny_clip(tmp_path / "clip")
+    if protocol == "sjd":
+        from transformers import CLIPImageProcessor
+
+        CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(str(clip_dir))
+        clip = TorchmetricsClipScorer.from_pretrained(clip_dir)
+    else:
+        clip = ClipScorer.from_pretrained(clip_dir)
+    return {"clip": clip, "inception": feats, "protocol": protocol,
             "reference": reference_statistics(sorted(coco.glob("*.jpg")), feats, tmp_path / "cache", "w"),
             "fid_resamples": 5}
 

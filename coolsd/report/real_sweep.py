@@ -50,13 +50,14 @@ def sweep_missing_inputs(cfg, metrics: dict) -> list[str]:
 
 
 def real_table2_sweep(target: str, prompts: int, records: Path, scorers: dict, overrides=(), device=None,
-                      configs=None) -> dict:
+                      configs=None, world=None) -> dict:
     """Runs every row through the generation job on one loaded world, then the metrics.
     ``scorers``: keyword arguments of ``evaluate_run`` (clip, image_reward, inception +
     reference); ``configs``: (tag, job config) rows (default: Table 2's, ``row_configs``; one of
-    them AR); returns {"env", "table", "runs"}."""
+    them AR); ``world``: the loaded world to run them on (default: loaded from the first config);
+    returns {"env", "table", "runs"}."""
     configs = configs or row_configs(target, prompts, records, overrides)
-    world = load_world(configs[0][1])
+    world = world or load_world(configs[0][1])
     t0 = time.perf_counter()
     summaries, dirs = {}, {}
     for label, cfg in configs:

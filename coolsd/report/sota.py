@@ -1,14 +1,18 @@
-"""``make sota-table TARGETS=toy|lumina_mgpt|llamagen_xl``: the field's best
-parallel decoders beside the drafted methods, on ONE loaded target, with ONE protocol.
+"""``make sota-table TARGETS=toy|lumina_mgpt|llamagen_xl|janus_pro|janus_pro_7b|emu3``: the field's
+best parallel decoders beside the drafted methods, on ONE loaded target, with ONE protocol.
 
 Rows (``SOTA_ROWS``): AR, EAGLE-1, COOL-SD at delta 1.1 and 2, SJD (random and SJD's best
 initialisation, vertical_repeat: its issue #1 / Fig. 9), MC-SJD (maximal coupling), SJD-PAC (width 4,
 depth 3; docs/sjd_pac.md), GSD, ZipAR (window 8 as upstream, 4 on the toy world's 8-token rows; on targets that decode rows
-in parallel, ``World.row_parallel``: LlamaGen, Janus-Pro; not Lumina-mGPT or Emu3 yet). Columns: accepted tokens per target forward
+in parallel, ``World.row_parallel``: LlamaGen, Janus-Pro; not Lumina-mGPT or Emu3 yet). The drafted rows
+(EAGLE-1, COOL-SD) run only on targets with a trained drafter (``conf/draft/<target>.yaml``: not
+Janus-Pro or Emu3, for which none is released). Columns: accepted tokens per target forward
 (image tokens / target forwards, per image: for drafted methods this differs from the accepted
 length only by the prefill), target forwards per image, latency, the speed-up over the AR row
-paired by prompt, the protocol's quality metrics (toy: toy_fid / toy_clip; real targets: the
-LANTERN protocol's FID / CLIP of ``coolsd.cli.evaluate``), the exact distortion summed over the image
+paired by prompt, the protocol's quality metrics (toy: toy_fid / toy_clip; real targets: FID and
+CLIP of ``coolsd.cli.evaluate`` under ``--protocol``, by default the SJD family's: pytorch-fid against
+COCO val2017, torchmetrics CLIP ViT-B/16 x 100; with ``--parti-tsv`` every row also runs on
+PartiPrompts, scored by CLIP only as in SJD: column ``clip_score_parti``), the exact distortion summed over the image
 (``step_tv``; 0 for lossless methods), all with 95% CIs. Each paper's own numbers sit in a
 separate column labelled with ITS protocol and baseline (``REPORTED``): they are comparable only
 within one paper (Lumina-mGPT's AR latency is 102, 122, 170 or 197 s depending on the paper).
@@ -27,6 +31,7 @@ import pandas as pd
 from coolsd.cli.runner import compose
 from coolsd.engine import plugins
 from coolsd.engine.methods import check_method, method_info
+from coolsd.metrics.protocols import DESCRIPTION, read_parti_prompts
 from coolsd.report.compare import paired_comparison
 from coolsd.report.paper import tag_of
 from coolsd.report.real_sweep import real_table2_sweep
@@ -35,7 +40,7 @@ from coolsd.report.table2 import report_args, report_prelude
 from coolsd.theory.sweep import parse_value
 from coolsd.util.records import read_records, write_json_atomic
 from coolsd.util.stats import POSITIVE, mean_ci
-from coolsd.worlds import world_class
+from coolsd.worlds import load_world, world_class
 
 # (label, method, params); the Jacobi methods' window: 16 on real targets (SJD's default), 8 on
 # the toy world's 64-token images (``toy_params``)
@@ -53,6 +58,7 @@ SOTA_ROWS = [
     ("PJD (c=8, window 8)", "pjd", {}),
 ]
 TOY_WINDOW = 8
+PARTI = "@parti"  # a row's tag on PartiPrompts (its own AR row, its own records folder)
 
 # each paper's own numbers on Lumina-mGPT / LlamaGen-XL, with the protocol they were measured under
 # (research notes: ../shared/research/sota_2026.md; COOL-SD Table 2: coolsd.report.paper)
@@ -70,6 +76,14 @@ REPORTED = {
         "gsd_14": {"speedup": 122.45 / 32.52, "fid": 33.55,
                    "protocol": _SJD + "; GSD paper at G=25 (122.45 s -> 32.52 s), AR FID 30.79"},
     },
+    # research notes' summaries of each paper (../shared/research/sota_2026.md), not re-read from the paper
+    "janus_pro_7b": {
+        "mc_sjd_maximal": {"speedup": 2.45, "protocol": _SJD + "; MC-SJD paper, Janus-Pro-7B 384 px"},
+    },
+    "emu3": {
+        "sjd_pac": {"speedup": 3.25, "tokens_per_forward": 4.31,
+                    "protocol": _SJD + "; SJD-PAC README, Emu3 on COCO (width 4, depth 3)"},
+    },
     "llamagen_xl": {
         "eagle": {"speedup": 2.03, "accepted_length": 2.42, "fid": 20.97, "protocol": _LANTERN},
         "coolsd_1.1": {"speedup": 2.27, "accepted_length": 2.73, "fid": 21.02, "protocol": _LANTERN},
@@ -78,16 +92,27 @@ REPORTED = {
 }
 COLUMNS = {"tokens_per_forward": "tokens / target forward", "target_forwards": "target forwards / image",
            "latency_s": "latency (s)", "speedup": "speed-up vs AR", "step_tv": "step TV (sum/image)"}
-QUALITY = {"toy": ("toy_fid", "toy_clip"), "real": ("fid", "clip_score")}
+QUALITY = {"toy": ("toy_fid", "toy_clip"), "real": ("fid", "clip_score", "clip_score_parti")}
+
+
+def has_trained_drafter(target: str) -> bool:
+    """Whether ``target`` has a trained drafter (``conf/draft/<target>.yaml``, which the main config
+    loads by the target's name): the drafted rows run only there."""
+    return (ROOT / "conf" / "draft" / f"{target}.yaml").is_file()
 
 
 def rows_for(target: str, extra=()) -> list[tuple[str, str, str, dict]]:
     """(label, tag, method, params) of every row on ``target`` (the toy world: window 8);
-    ``extra``: (label, method, params) rows of any registered method (``--row``), after the built-in ones."""
+    ``extra``: (label, method, params) rows of any registered method (``--row``), after the built-in ones.
+    Built-in rows the target cannot run are left out: row-parallel methods where the target does not
+    decode rows in parallel, drafted methods where it has no trained drafter."""
     out = []
     for label, method, params in [*SOTA_ROWS, *extra]:
         p = dict(params)
-        if method_info(method).row_parallel and not world_class(target).row_parallel:  # refused by the config check: not a row here
+        info = method_info(method)
+        if info.row_parallel and not world_class(target).row_parallel:  # refused by the config check: not a row here
+            continue
+        if info.drafter == "model" and not has_trained_drafter(target) and (label, method, params) in SOTA_ROWS:
             continue
         if target == "toy" and method_info(method).jacobi:
             p.setdefault("window", TOY_WINDOW)
@@ -121,7 +146,10 @@ def build_table(target: str, table: dict, per_tag_records: dict, n_tokens: int, 
     return pd.DataFrame(rows)
 
 
-def write_tables(df: pd.DataFrame, out: Path, quality: tuple[str, ...]) -> None:
+def write_tables(df: pd.DataFrame, out: Path, quality: tuple[str, ...], protocol: str | None = None) -> None:
+    """``sota.md`` and ``sota.csv``; ``protocol``: the evaluation protocol of the real targets' quality
+    columns (``coolsd.metrics.protocols``), named in the note; quality columns no row has are left out."""
+    quality = tuple(q for q in quality if q in df.columns and df[q].notna().any())
     cols = [*COLUMNS, *quality]
     heads = [*COLUMNS.values(), *quality]
     md = ["| target | method | " + " | ".join(heads) + " | reported by its paper (its protocol) |",
@@ -132,6 +160,10 @@ def write_tables(df: pd.DataFrame, out: Path, quality: tuple[str, ...]) -> None:
     note = ("Ours: mean [95% CI] over prompts, every row on the same target, prompts and seeds, one protocol; "
             "speed-up paired by prompt against the AR row. Reported: each paper's own numbers, comparable only within "
             "that paper (different baselines, hardware and protocols).")
+    if protocol is not None:
+        d = DESCRIPTION[protocol]
+        note += (f" Quality ({protocol} protocol): FID {d['fid']}; CLIP {d['clip_score']}; prompts {d['prompts']}"
+                 + ("; clip_score_parti: CLIP on PartiPrompts" if "clip_score_parti" in quality else "") + ".")
     (out / "sota.md").write_text(note + "\n\n" + "\n".join(md) + "\n")
     df.to_csv(out / "sota.csv", index=False)
 
@@ -154,25 +186,36 @@ def parse_row(words: list[str]) -> tuple[str, str, dict]:
 
 
 def main(argv=None):
-    ap = report_args(__doc__, "sota", 120)
+    ap = report_args(__doc__, "sota", 120, protocol="sjd")
+    ap.add_argument("--parti-tsv", type=Path, default=None,
+                    help="PartiPrompts.tsv: every row of a real target also runs on it, scored by CLIP only "
+                         "(--protocol sjd, as SJD; coolsd.metrics.protocols.PARTI_SOURCE)")
+    ap.add_argument("--parti-prompts", type=int, default=None, help="PartiPrompts per row (default: all 1,632)")
     ap.add_argument("--include", action="append", default=[], metavar="PATH",
                     help="register methods from this file or folder first (docs/add_method.md)")
     ap.add_argument("--row", nargs="+", action="append", default=[], metavar="NAME KEY=V",
                     help="an extra row: a registered method and its parameters, e.g. --row coolsd delta=1.5 schedule=linear")
     a = ap.parse_args(argv)
+    if a.parti_tsv is not None:
+        if a.protocol != "sjd":
+            raise SystemExit(f"--parti-tsv is a prompt set of --protocol sjd, not {a.protocol} (SJD scores it by CLIP only)")
+        read_parti_prompts(a.parti_tsv)  # one line naming the file and its source if it is missing or malformed
     plugins.load(a.include)
     extra = [parse_row(w) for w in a.row]
     targets, records_root, scorers = report_prelude(a, "sota", "sota-table",
                                                     lambda *args: real_configs(*args, extra=extra))
     frames, summaries, tests = [], {}, {}
     for t in targets:
-        res, recs, n_tokens = run_target(t, a.prompts, records_root / t, scorers, a.override, extra)
+        parti = (a.parti_tsv, a.parti_prompts) if a.parti_tsv is not None else None
+        res, recs, n_tokens = run_target(t, a.prompts, records_root / t, scorers, a.override, extra, parti)
         tests[t] = coupling_test(recs)
-        summaries[t] = {"env": res["env"], "results": res["table"], "mc_sjd_minus_sjd_target_forwards": tests[t]}
+        env = {**res["env"], "protocol": a.protocol if t != "toy" else "toy"}
+        summaries[t] = {"env": env, "results": res["table"], "mc_sjd_minus_sjd_target_forwards": tests[t]}
         frames.append(build_table(t, res["table"], recs, n_tokens, extra))
     df = pd.concat(frames, ignore_index=True)
     write_tables(df, a.out, QUALITY["toy"] if targets == ["toy"] else tuple(dict.fromkeys(
-        q for t in targets for q in QUALITY["toy" if t == "toy" else "real"])))
+        q for t in targets for q in QUALITY["toy" if t == "toy" else "real"])),
+        protocol=None if targets == ["toy"] else a.protocol)
     write_json_atomic(summaries, a.out / "summary.json")
     with open(a.out / "sota.md", "a") as f:
         for t, x in tests.items():
@@ -210,8 +253,23 @@ def real_configs(target: str, prompts: int, records: Path, overrides=(), extra=(
     return out
 
 
-def run_target(target: str, prompts, records: Path, scorers, overrides=(), extra=()):
-    """(sweep result as ``toy_sweep`` / ``real_table2_sweep`` return it, records per tag, tokens per image)."""
+def parti_configs(target: str, tsv, n, records: Path, overrides=(), extra=()) -> list[tuple[str, object]]:
+    """The rows of ``real_configs`` on PartiPrompts (``dataset=prompts``, the TSV's ``Prompt`` column
+    in file order; ``n`` prompts, None: all), tags suffixed ``@parti``, records under ``records/parti``."""
+    out = []
+    for _, tag, method, params in rows_for(target, extra):
+        sets = [f"method.{k}={v}" for k, v in params.items()]
+        out.append((tag + PARTI, compose(f"+experiment=sota_{target}", f"method={method}", *sets, "dataset=prompts",
+                                         f"dataset.path={tsv}", "dataset.column=Prompt",
+                                         f"dataset.n_prompts={'null' if n is None else n}",
+                                         f"+out_dir={records / 'parti' / tag}", *overrides)))
+    return out
+
+
+def run_target(target: str, prompts, records: Path, scorers, overrides=(), extra=(), parti=None):
+    """(sweep result as ``toy_sweep`` / ``real_table2_sweep`` return it, records per tag, tokens per image).
+    ``parti``: (PartiPrompts TSV, prompts or None) on a real target: every row runs there too, on the same
+    loaded world, scored by CLIP only; its score joins the row as ``clip_score_parti``."""
     if target == "toy":
         res = toy_sweep([(tag, m, p) for _, tag, m, p in rows_for("toy", extra)], prompts or 120, records)
         by_tag: dict = {}
@@ -220,8 +278,17 @@ def run_target(target: str, prompts, records: Path, scorers, overrides=(), extra
         return res, by_tag, res["world"].target.n_image_tokens
 
     configs = real_configs(target, prompts or 5000, records, overrides, extra)
-    res = real_table2_sweep(target, prompts or 5000, records, scorers, overrides, configs=configs)
+    world = load_world(configs[0][1])
+    res = real_table2_sweep(target, prompts or 5000, records, scorers, overrides, configs=configs, world=world)
     by_tag = {tag: read_records(Path(res["runs"][tag]) / "samples.jsonl") for tag, _ in configs}
+    if parti is not None:
+        tsv, n = parti
+        clip_only = {k: v for k, v in scorers.items() if k not in ("inception", "reference", "image_reward")}
+        pres = real_table2_sweep(target, n, records, {**clip_only, "parti_tsv": tsv}, overrides,
+                                 configs=parti_configs(target, tsv, n, records, overrides, extra), world=world)
+        for tag, _ in configs:
+            res["table"][tag]["clip_score_parti"] = pres["table"][tag + PARTI]["clip_score"]
+        res["env"]["parti"] = {"tsv": str(tsv), "prompts": n, "runs": pres["runs"]}
 
     return res, by_tag, world_class(target).image_tokens(configs[0][1])
 

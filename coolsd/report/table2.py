@@ -18,9 +18,10 @@ import pandas as pd
 import torch
 
 from coolsd.cli.evaluate import build_scorers
-from coolsd.metrics.clip_score import CLIP_HF_REPO
 from coolsd.metrics.image_reward import SOURCE as IR_SOURCE
-from coolsd.metrics.inception import WEIGHTS_URL, default_inception_path
+from coolsd.metrics.inception import FID_PROTOCOLS, default_inception_path
+from coolsd.metrics.protocols import INPUTS as PROTOCOL_INPUTS
+from coolsd.metrics.protocols import PROTOCOLS
 from coolsd.metrics.reference import COCO_IMAGES_SOURCE
 from coolsd.report.compare import paired_comparison
 from coolsd.report.paper import TABLE2_COLUMNS, table2_rows, tag_of
@@ -57,10 +58,14 @@ def check_target(target: str):
 
 
 def metric_inputs(a) -> dict:
-    """name -> (path, source) of what the real-target metrics need (ImageReward only when set)."""
+    """name -> (path, source) of what the real-target metrics need under ``a.protocol``
+    (``coolsd.metrics.protocols``; ImageReward only when set)."""
 
-    out = {"CLIP model folder": (a.clip, f"https://huggingface.co/{CLIP_HF_REPO} [$CLIP_DIR]"),
-           "Inception weights": (a.inception or default_inception_path(), f"{WEIGHTS_URL} [$INCEPTION_WEIGHTS]"),
+    clip_env, clip_name, clip_source = PROTOCOL_INPUTS[a.protocol]["--clip"][:3]
+    inc_env, inc_name, inc_source = PROTOCOL_INPUTS[a.protocol]["--inception"][:3]
+    weights = a.inception or default_inception_path(FID_PROTOCOLS[a.protocol]["weights_name"])
+    out = {clip_name: (a.clip, f"{clip_source} [${clip_env}]"),
+           inc_name: (weights, f"{inc_source} [${inc_env}]"),
            "COCO val2017 images": (a.coco_images, f"{COCO_IMAGES_SOURCE} [$COCO_VAL_IMAGES]")}
     if a.ir_checkpoint:
         out["ImageReward checkpoint"] = (a.ir_checkpoint, IR_SOURCE)
@@ -74,7 +79,7 @@ def real_scorers(a) -> dict:
     return build_scorers(["clip_score", "fid"] + (["image_reward"] if a.ir_checkpoint else []), clip=a.clip,
                          inception=a.inception, coco_images=a.coco_images, ir_checkpoint=a.ir_checkpoint,
                          ir_med_config=a.ir_med_config, ir_python=a.ir_python, device=a.metrics_device,
-                         cache_dir=ROOT / "outputs" / "cache", fid_resamples=a.fid_resamples)
+                         cache_dir=ROOT / "outputs" / "cache", fid_resamples=a.fid_resamples, protocol=a.protocol)
 
 
 def build_table(target: str, table: dict) -> pd.DataFrame:
@@ -148,9 +153,11 @@ def write_tables(df: pd.DataFrame, out: Path) -> None:
     df.to_csv(out / "table2.csv", index=False)
 
 
-def report_args(doc: str, name: str, toy_prompts: int) -> argparse.ArgumentParser:
+def report_args(doc: str, name: str, toy_prompts: int, protocol: str = "lantern") -> argparse.ArgumentParser:
     """The command line of a report over targets (``make paper-table2``, ``make sota-table``):
-    targets, prompts, output and records folders, overrides, and the metric files of real targets."""
+    targets, prompts, output and records folders, overrides, the evaluation protocol (default
+    ``protocol``) and the metric files of real targets (``--clip`` / ``--inception`` default to the
+    protocol's environment variables, ``coolsd.metrics.protocols.INPUTS``: ``report_prelude``)."""
     env = os.environ.get
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--targets", default="toy", help="comma-separated target names (conf/target/*.yaml)")
@@ -159,8 +166,11 @@ def report_args(doc: str, name: str, toy_prompts: int) -> argparse.ArgumentParse
     ap.add_argument("--out", type=Path, default=ROOT / "results" / name)
     ap.add_argument("--records", type=Path, default=None, help=f"records folder (default outputs/{name}/<time>)")
     ap.add_argument("--override", action="append", default=[], help="a Hydra override for every real-target run")
-    ap.add_argument("--clip", default=env("CLIP_DIR"))
-    ap.add_argument("--inception", default=env("INCEPTION_WEIGHTS"))
+    ap.add_argument("--protocol", choices=PROTOCOLS, default=protocol,
+                    help=f"how CLIP score and FID are computed (coolsd.metrics.protocols; default {protocol})")
+    ap.add_argument("--clip", default=None, help="CLIP folder (default: $CLIP_DIR, or $CLIP_B16_DIR under sjd)")
+    ap.add_argument("--inception", default=None,
+                    help="FID Inception weights (default: $INCEPTION_WEIGHTS, or $PT_INCEPTION_WEIGHTS under sjd)")
     ap.add_argument("--coco-images", default=env("COCO_VAL_IMAGES"))
     ap.add_argument("--ir-checkpoint", default=env("IMAGEREWARD_CKPT"))
     ap.add_argument("--ir-med-config", default=env("IMAGEREWARD_MED_CONFIG"))
@@ -175,6 +185,10 @@ def report_prelude(a, name: str, make: str, configs):
     known and, for real ones, every input file present (one list, before any work starts);
     ``configs(target, prompts, records, overrides)``: its (tag, job config) rows."""
     targets = [t.strip() for t in a.targets.split(",") if t.strip()]
+    for flag in ("--clip", "--inception"):  # the protocol's environment variable where the flag is not given
+        dest = flag[2:]
+        if getattr(a, dest) is None:
+            setattr(a, dest, os.environ.get(PROTOCOL_INPUTS[a.protocol][flag][0]))
     records_root = a.records or ROOT / "outputs" / name / time.strftime("%Y-%m-%d_%H-%M-%S")
     for t in targets:
         check_target(t)

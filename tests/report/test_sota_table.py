@@ -3,10 +3,13 @@ files of both real targets: every row (AR, EAGLE-1, COOL-SD 1.1 / 2, SJD random 
 MC-SJD, SJD-PAC, GSD) runs on one loaded target with one protocol, the table has its columns, the papers'
 own numbers sit in their labelled column, and MC-SJD's paired difference to SJD is reported.
 The numbers are meaningless at this size: the layout and the rows are what is tested."""
+from pathlib import Path
+
 import pytest
 
 from coolsd.report import sota
 from coolsd.report.sweep import sweep_frame
+from coolsd.util.records import read_records
 
 
 
@@ -16,7 +19,8 @@ def _check_table(df, target, n_tokens):
     ar = df.set_index("method").loc["AR"]
     assert ar["tokens_per_forward"] < 1.0 + 1e-9 and ar["speedup"] == 1.0  # AR: one token per forward (+ prefill)
     lossless = df[df["method"].str.startswith(("EAGLE", "SJD", "MC-SJD"))]  # SJD-PAC too
-    assert len(lossless) == 5 and (lossless["step_tv"] == 0).all()  # exactly 0, trees too (a lossless rule's pi is p)
+    assert len(lossless) == (5 if sota.has_trained_drafter(target) else 4)  # EAGLE-1 only with a drafter
+    assert (lossless["step_tv"] == 0).all()  # exactly 0, trees too (a lossless rule's pi is p)
 
 
 def test_toy_sota_table_has_every_row_and_the_coupling_test(tmp_path):
@@ -62,7 +66,41 @@ def test_real_target_sota_table_on_tiny_files(target, tmp_path, request):
         assert "3.80" in pac and "SJD protocol" in pac
 
 
-@pytest.mark.parametrize("target", ["lumina_mgpt", "llamagen_xl"])
+def test_janus_pro_sota_table_on_sjd_protocol_with_partiprompts(tmp_path, janus_files):
+    """Janus-Pro (no trained drafter: no EAGLE-1 / COOL-SD rows; decodes rows in parallel: ZipAR and
+    PJD rows) under the SJD protocol's scorers, every row also on a PartiPrompts TSV scored by CLIP
+    only: the table has clip_score_parti beside FID and CLIP, the note names the protocol."""
+    import factories
+    from factories import CAPTIONS_FIXTURE
+
+    tsv = tmp_path / "PartiPrompts.tsv"
+    tsv.write_text("Prompt\tCategory\na red cat\tAnimals\nthe dog sits on the mat\tAnimals\n")
+    overrides = [*factories.janus_overrides(janus_files), f"dataset.captions={CAPTIONS_FIXTURE}"]
+    scorers = factories.tiny_metric_scorers(tmp_path, protocol="sjd")
+    res, recs, n_tokens = sota.run_target("janus_pro", 2, tmp_path / "records", scorers, overrides, parti=(tsv, 2))
+    tags = {tag for _, tag, *_ in sota.rows_for("janus_pro")}
+    assert set(recs) == tags and {"zipar", "pjd"} <= tags and not {"eagle", "coolsd_1.1"} & tags
+    for tag, e in res["table"].items():
+        assert {"clip_score", "fid", "clip_score_parti"} <= set(e), tag
+        assert e["clip_score"]["protocol"] == e["clip_score_parti"]["protocol"] == "sjd"
+    parti_run = res["env"]["parti"]["runs"]["sjd@parti"]
+    captions = [r["caption"] for r in read_records(Path(parti_run) / "samples.jsonl")]
+    assert sorted(captions) == ["a red cat", "the dog sits on the mat"]
+    df = sota.build_table("janus_pro", res["table"], recs, n_tokens)
+    _check_table(df, "janus_pro", n_tokens)
+    sota.write_tables(df, tmp_path, sota.QUALITY["real"], protocol="sjd")
+    md = (tmp_path / "sota.md").read_text()
+    assert "clip_score_parti |" in md and "Quality (sjd protocol): FID pytorch-fid" in md
+
+
+def test_sota_cli_refuses_partiprompts_outside_the_sjd_protocol(tmp_path):
+    with pytest.raises(SystemExit, match=r"--parti-tsv is a prompt set of --protocol sjd, not lantern"):
+        sota.main(["--targets", "janus_pro", "--protocol", "lantern", "--parti-tsv", str(tmp_path / "p.tsv")])
+    with pytest.raises(Exception, match=r"nope\.tsv"):
+        sota.main(["--targets", "janus_pro", "--parti-tsv", str(tmp_path / "nope.tsv")])
+
+
+@pytest.mark.parametrize("target", sorted(p.stem[5:] for p in (sota.ROOT / "experiments" / "experiment").glob("sota_*.yaml")))
 def test_sota_experiment_rows_are_the_reports_rows(target):
     """``python run.py -m +experiment=sota_<target>`` sweeps the same rows ``make sota-table`` runs."""
     from omegaconf import OmegaConf
