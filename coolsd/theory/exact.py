@@ -50,7 +50,7 @@ class ChainOracle:
     acceptance and residual of its own (independent of ``coolsd.engine.decoding.rules``), for the methods
     it implements, ``METHODS``."""
 
-    METHODS = ("eagle", "uniform_rsd", "coolsd", "lantern", "lantern_pp")
+    METHODS = ("eagle", "uniform_rsd", "coolsd", "lantern", "lantern_pp", "budget")
 
     def __init__(self, target, draft, method: str, params: dict, omega, neighbours, L: int):
         self.P, self.Q = target, draft
@@ -69,6 +69,8 @@ class ChainOracle:
             a = p.copy()
         elif m in ("uniform_rsd", "coolsd"):
             a = self.omega[d - 1] * p
+        elif m == "budget":  # self.omega: the omegas a node chooses among
+            a = self._budget_omega(p, q) * p
         elif m in ("lantern", "lantern_pp"):
             k = self.params["k"]
             lam = self.params.get("lam") if m == "lantern_pp" else None
@@ -93,6 +95,24 @@ class ChainOracle:
             beta = float((q * (1 - f)).sum())
             emis = beta * _norm(np.maximum(p - np.minimum(q, a), 0.0), p)
         return cont, emis
+
+    def _budget_omega(self, p: np.ndarray, q: np.ndarray) -> float:
+        """The budgeted node's relaxation (docs/methods.md#21-relaxation-by-budget), by explicit loop
+        over the candidates: the first omega maximising alpha - price * cost, with pi formed and its
+        KL or TV computed directly."""
+        price = self.params.get("price")
+        if price is None:
+            return 1.0
+        best, best_j = 1.0, -np.inf
+        for w in self.omega:
+            acc = np.minimum(q, w * p)
+            alpha = float(acc.sum())
+            pi = acc + max(0.0, 1.0 - alpha) * _norm(np.maximum(p - acc, 0.0), p)
+            cost = kl_divergence(pi, p) if self.params.get("cost", "kl") == "kl" else total_variation(pi, p)
+            j = alpha - price * cost
+            if j > best_j:
+                best, best_j = float(w), j
+        return best
 
     @functools.lru_cache(maxsize=None)
     def distortion(self, c: tuple, d: int) -> np.ndarray:

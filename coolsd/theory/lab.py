@@ -45,7 +45,7 @@ def _oracle(target: TabularAR, draft: TabularAR, method: str, draft_length: int,
             f"exact_stats supports ar, {', '.join(ChainOracle.METHODS)}; for {method!r} (a method that carries "
             "drafts between rounds is not a function of the prefix alone) use sample_stats"
         )
-    omega = getattr(m.rule, "omega", None)
+    omega = getattr(m.rule, "omega", getattr(m.rule, "omegas", None))  # a schedule, or a budgeted node's candidates
     nb = None if getattr(m.rule, "nb_k1", None) is None else neighbours_from_codebook(target.codebook)
     return ChainOracle(target, draft, method, m.params, omega, nb, int(draft_length))
 

@@ -26,10 +26,14 @@ RELAXED = [
     ("lantern", {"delta": 0.2, "k": 2}),
     ("lantern_pp", {"lam": 2.0, "k": 2}),
     ("lantern_pp", {"lam": 3.0, "k": 1, "resample": "gstar"}),
+    ("budget", {"price": 2.0}),
+    ("budget", {"price": 0.5, "cost": "tv"}),
 ]
 # omega < 1 at every depth: pi = p mathematically (docs/distortion.md (2)), reported up to rounding
-STRICTER = [("coolsd", {"delta": 0.6, "schedule": "toward_one", "nu": 0.3})]
-LOSSLESS = [("eagle", {}), ("coolsd", {"delta": 1.0, "schedule": "toward_one"})]  # a = p: exactly 0
+# (and a TV price above 1: every node chooses omega = 1, docs/methods.md#21-relaxation-by-budget)
+STRICTER = [("coolsd", {"delta": 0.6, "schedule": "toward_one", "nu": 0.3}), ("budget", {"price": 1.5, "cost": "tv"})]
+LOSSLESS = [("eagle", {}), ("coolsd", {"delta": 1.0, "schedule": "toward_one"}),
+            ("budget", {"price": None})]  # a = p: exactly 0
 CASES = RELAXED + STRICTER + LOSSLESS
 BOUNDED = RELAXED + STRICTER
 

@@ -11,6 +11,8 @@ Table of docs/methods.md#13-verification-at-one-tree-depth-d, with a_j the accep
           coolsd)
   lantern(_pp)           a_j = p~ (neighbourhood sum)    residual LANTERN's own or G*
   group (gsd)            q f = q min(1, p(G)/q(G))       residual [p_res - q_j]_+ (GSD's) or G*
+  budget                 a_j = omega* p_res, omega* per  residual G*
+                         node from (p_res, q_j)
 
 One rule object holds every fact about its method (docs/distortion.md, "Where the facts live"):
 the sampling ``step`` and the exact distribution ``emitted`` of the token it emits at a chain
@@ -343,3 +345,61 @@ class GroupRule(Rule):
 
     def describe(self):
         return {"rule": self.name, "size": self.size, "p_thr": self.p_thr, "resample": self.resample}
+
+
+# the relaxations a budgeted node chooses among: omega = 1 (exact) first, then log-spaced up to 64
+BUDGET_OMEGAS = torch.cat([torch.ones(1, dtype=torch.float64), torch.logspace(0.05, 1.8, 35, dtype=torch.float64)])
+
+
+class BudgetRule(Rule):
+    """Relaxation by price (docs/methods.md#21-relaxation-by-budget): at every node the G* relaxation
+    a = omega p_res with the omega among ``omegas`` (1 first, ascending) that maximises
+
+        alpha(omega) - price * cost(pi(omega), p_res),
+
+    alpha(omega) = sum_y min(q, omega p_res)(y) the node's acceptance probability, pi(omega) the
+    distribution it emits (formula (2) of docs/distortion.md) and ``cost`` its KL(pi || p) or its
+    TV. The choice reads only the node's p_res and q, before the acceptance draw, so ``accepted``
+    is still a function of (p_res, q) and the exact distortion follows from it as for every rule.
+    Ties go to the smallest omega: with ``price`` None (infinite) the rule is exact (lossless).
+
+    With ``cost="tv"`` the choice is all or nothing: for omega >= 1, TV(pi(omega), p) =
+    alpha(omega) - alpha(1) exactly (docs/methods.md#21-relaxation-by-budget), so the objective is
+    alpha(1) + (1 - price) TV(omega): omega = 1 for price > 1, the largest omega for price < 1."""
+
+    name = "budget"
+
+    def __init__(self, price: Optional[float], cost: str = "kl", omegas: Optional[torch.Tensor] = None):
+        if cost not in ("kl", "tv"):
+            raise ValueError(f"budget cost must be 'kl' or 'tv', got {cost!r}")
+        self.price = None if price is None else float(price)
+        self.cost = cost
+        self.omegas = (BUDGET_OMEGAS if omegas is None else omegas).double()
+
+    def choice(self, p_res: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """The index into ``omegas`` each row (...,) chooses."""
+        w = self.omegas.to(device=p_res.device, dtype=p_res.dtype).view(-1, 1)
+        p, qq = p_res.unsqueeze(-2), q.to(p_res.dtype).unsqueeze(-2)
+        acc = torch.minimum(qq, w * p)  # (..., K, V)
+        alpha = acc.sum(-1)
+        if self.cost == "tv":  # TV(pi(omega), p) = alpha(omega) - alpha(1) for omega >= 1
+            cost = alpha - alpha[..., :1]
+        else:
+            pi = emitted_mixture(p, acc, torch.clamp(p - acc, min=0.0))
+            ratio = torch.where(pi > 0, pi / torch.where(p > 0, p, 1.0), 1.0)
+            cost = (pi * ratio.log()).sum(-1)  # KL(pi || p); pi's support lies in p's (acc <= omega p)
+        return torch.argmax(alpha - self.price * cost, dim=-1)  # the first maximum: the smallest omega
+
+    def accepted(self, p_res, q, depth):
+        if self.price is None:
+            return torch.minimum(q.to(p_res.dtype), p_res)
+        k = self.choice(p_res, q)
+        omega = self.omegas.to(device=p_res.device, dtype=p_res.dtype)[k].unsqueeze(-1)
+        return torch.minimum(q.to(p_res.dtype), omega * p_res)
+
+    def is_exact(self, depth):
+        return self.price is None and self._inherits(BudgetRule, "accepted", "residual")
+
+    def describe(self):
+        return {"rule": self.name, "price": self.price, "cost": self.cost,
+                "omegas": [float(self.omegas[0]), float(self.omegas[-1]), int(self.omegas.numel())]}

@@ -1,5 +1,5 @@
 """Decoding methods. Importing this package registers every built-in method."""
-from coolsd.engine.methods import ar, cspd, eagle, gsd, lantern, pjd, relaxed, sjd, zipar  # noqa: F401  (registration)
+from coolsd.engine.methods import ar, budget, cspd, eagle, gsd, lantern, pjd, relaxed, sjd, zipar  # noqa: F401  (registration)
 from coolsd.engine.methods.registry import (
                                      FAMILIES,
                                      Method,
