@@ -346,6 +346,9 @@ def _check_values(cfg, world_cls):
     if invariant and name == "pjd" and int(_get(cfg, "batch_size", 1)) > 1:
         raise ConfigError("method=pjd pads each forward to the batch's longest schedule, which is not batch-invariant: "
                           "set batch_size=1 or deterministic.batch_invariant=false")
+    if cfg.get("compile", False) and name == "budget" and params.get("tv_per_image"):
+        raise ConfigError("method.tv_per_image tunes the price between batches, which the compiled graphs would "
+                          "bake in: set compile=false")
     if cfg.get("compile", False) and _row_parallel(name):
         raise ConfigError(f"method={name} runs eagerly only (its forwards change shape with the rows): set compile=false")
 

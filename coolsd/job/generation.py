@@ -81,15 +81,37 @@ def generate_records(world, method, prompts: list, idxs: list[int], seeds: list[
     tensors held while its batch generated (``coolsd.engine.timing.peak_memory_gib``, reset just before
     the batch; outside its ``latency_s``); elsewhere the field is absent."""
     n0 = compile_count()
+    tuned = _tuned_rule(method)
+    price = {"budget_price": tuned.price} if tuned is not None else {}
     reset_peak_memory(world.device)
     samples = world.generate(method, prompts, seeds)
     peak = peak_memory_gib(world.device)
     B, hw = len(seeds), hardware_name(world.device)
-    return [({**record_head(p, idx, seed, tag, method), **s.fields, "hardware": hw,
-              **({"batch_size": B} if B > 1 else {}),
-              **({"peak_memory_gib": peak} if peak is not None else {}),
-              **({"compilations": compile_count() - n0 if k == 0 else 0} if world.compiled else {})}, s.image)
-            for k, (s, p, idx, seed) in enumerate(zip(samples, prompts, idxs, seeds))]
+    out = [({**record_head(p, idx, seed, tag, method), **s.fields, "hardware": hw, **price,
+             **({"batch_size": B} if B > 1 else {}),
+             **({"peak_memory_gib": peak} if peak is not None else {}),
+             **({"compilations": compile_count() - n0 if k == 0 else 0} if world.compiled else {})}, s.image)
+           for k, (s, p, idx, seed) in enumerate(zip(samples, prompts, idxs, seeds))]
+    if tuned is not None:  # the next batch's price, from these images' distortion (in prompt order)
+        tuned.observe([rec.get("step_tv") for rec, _ in out])
+    return out
+
+
+def _tuned_rule(method):
+    """The method's rule if it tunes itself over a run's images (``BudgetRule.adaptive``), else None."""
+    rule = getattr(method, "rule", None)
+    return rule if getattr(rule, "adaptive", False) else None
+
+
+def replay_tuning(methods: dict, done: dict, indices: list[int]) -> None:
+    """A resumed run's self-tuning rules brought to where the interrupted run left them: each
+    observes its finished images again, in the order the run generated them (prompt order), failed
+    ones skipped as they were."""
+    for tag, m in methods.items():
+        rule = _tuned_rule(m)
+        if rule is not None:
+            rule.observe([done[(tag, i)].get("step_tv") for i in indices
+                          if (tag, i) in done and "error" not in done[(tag, i)]])
 
 
 def records_or_failures(world, method, prompts, idxs, seeds, tag) -> list:
@@ -158,6 +180,7 @@ def run_methods(world, methods: dict, prompts: list, indices: list[int], run_see
     ``on_record(record, image or None)`` is called with each record once it is written (the
     tracker's ``log_record``)."""
     have = {(r["method"], r["prompt_index"]): r for r in (done or [])}
+    replay_tuning(methods, have, indices)
     n_todo = sum((tag, indices[i]) not in have for i in range(len(prompts)) for tag in methods)
     if n_todo and world.warmup:  # excluded from latency
         (stats if stats is not None else {}).update(warm_up(world, methods, prompts, batch_size))

@@ -28,6 +28,7 @@ and ``emitted`` together (LANTERN's own resampling depends on x).
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -349,6 +350,7 @@ class GroupRule(Rule):
 
 # the relaxations a budgeted node chooses among: omega = 1 (exact) first, then log-spaced up to 64
 BUDGET_OMEGAS = torch.cat([torch.ones(1, dtype=torch.float64), torch.logspace(0.05, 1.8, 35, dtype=torch.float64)])
+PRICE_RANGE = (1e-4, 1e6)  # where a tuned price stays
 
 
 class BudgetRule(Rule):
@@ -365,19 +367,49 @@ class BudgetRule(Rule):
 
     With ``cost="tv"`` the choice is all or nothing: for omega >= 1, TV(pi(omega), p) =
     alpha(omega) - alpha(1) exactly (docs/methods.md#21-relaxation-by-budget), so the objective is
-    alpha(1) + (1 - price) TV(omega): omega = 1 for price > 1, the largest omega for price < 1."""
+    alpha(1) + (1 - price) TV(omega): omega = 1 for price > 1, the largest omega for price < 1.
+
+    ``tv_per_image``: the price is tuned over a run's images to meet this budget of summed step TV
+    per image (``observe``: after each image, log price += ``rate`` (tv - budget) / budget); 0 is the
+    exact rule. The current price lives in ``state``, a dict the device copies of the rule share
+    (``Rule.on`` copies attributes by reference), so an update reaches every copy."""
 
     name = "budget"
 
-    def __init__(self, price: Optional[float], cost: str = "kl", omegas: Optional[torch.Tensor] = None):
+    def __init__(self, price: Optional[float], cost: str = "kl", omegas: Optional[torch.Tensor] = None,
+                 tv_per_image: Optional[float] = None, rate: float = 0.2):
         if cost not in ("kl", "tv"):
             raise ValueError(f"budget cost must be 'kl' or 'tv', got {cost!r}")
-        self.price = None if price is None else float(price)
+        if tv_per_image is not None and (tv_per_image < 0 or (tv_per_image > 0 and price is None)):
+            raise ValueError("a budget tv_per_image >= 0 needs a starting price (a number)")
+        self.price0 = None if price is None or tv_per_image == 0 else float(price)
         self.cost = cost
         self.omegas = (BUDGET_OMEGAS if omegas is None else omegas).double()
+        self.tv_per_image, self.rate = tv_per_image, float(rate)
+        self.state = {"price": self.price0}
+
+    @property
+    def price(self) -> Optional[float]:
+        return self.state["price"]
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether ``observe`` tunes the price (a positive ``tv_per_image``)."""
+        return bool(self.tv_per_image)
+
+    def observe(self, tvs) -> None:
+        """One controller step per image, in order: ``tvs`` the images' summed step TV."""
+        if not self.adaptive:
+            return
+        for tv in tvs:
+            if tv is None or not math.isfinite(tv):
+                raise ValueError("budget tv_per_image needs each image's summed step TV: a chain (tree=chain) "
+                                 "with the per-token signals recorded")
+            step = self.rate * (float(tv) - self.tv_per_image) / self.tv_per_image
+            self.state["price"] = min(max(self.state["price"] * math.exp(step), PRICE_RANGE[0]), PRICE_RANGE[1])
 
     def choice(self, p_res: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-        """The index into ``omegas`` each row (...,) chooses."""
+        """The index into ``omegas`` each row (...,) chooses at the current price."""
         w = self.omegas.to(device=p_res.device, dtype=p_res.dtype).view(-1, 1)
         p, qq = p_res.unsqueeze(-2), q.to(p_res.dtype).unsqueeze(-2)
         acc = torch.minimum(qq, w * p)  # (..., K, V)
@@ -401,5 +433,8 @@ class BudgetRule(Rule):
         return self.price is None and self._inherits(BudgetRule, "accepted", "residual")
 
     def describe(self):
-        return {"rule": self.name, "price": self.price, "cost": self.cost,
+        """The rule as configured (the starting price): what a run's identity binds; the price each
+        image was generated at is its record's ``budget_price``."""
+        return {"rule": self.name, "price": self.price0, "cost": self.cost,
+                **({"tv_per_image": self.tv_per_image, "rate": self.rate} if self.tv_per_image is not None else {}),
                 "omegas": [float(self.omegas[0]), float(self.omegas[-1]), int(self.omegas.numel())]}
