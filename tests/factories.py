@@ -857,3 +857,18 @@ def emu3_overrides(folder) -> list[str]:
     (``target.image_area`` = 32 x 32 px at the processor's 8 px a token)."""
     return ["target.device=cpu", "target.dtype=float32", f"target.image_area={EMU3_IMAGE_AREA}",
             f"target.files.model={folder}"]
+
+
+# ------------------------------------------------------------------------------ benchmarks
+def load_benchmark(name: str):
+    """``benchmarks/<name>.py`` as a module (benchmarks are scripts, not a package), registered in
+    ``sys.modules`` under ``bench_<name>`` so its dataclasses resolve their module."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", Path(__file__).resolve().parents[1] / "benchmarks"
+                                                  / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod

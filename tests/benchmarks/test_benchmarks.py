@@ -1,19 +1,17 @@
 """benchmarks/gpu.py runs end to end (tiny shapes on the CPU): the numbers it commits come from
 the production loop, and self-drafting accepts every drafted token."""
-import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from factories import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_gpu_benchmark_smoke_run(tmp_path):
-    spec = importlib.util.spec_from_file_location("gpu_bench", ROOT / "benchmarks" / "gpu.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("gpu")
     out = bench.main(["--tiny", "--device", "cpu", "--dtype", "float32", "--repeats", "1", "--tree", "chain",
                       "--draft-length", "3", "--out", str(tmp_path)])
     for mode in ("eager", "compiled"):
@@ -31,10 +29,7 @@ def test_gpu_benchmark_smoke_run(tmp_path):
 
 
 def _load(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    return load_benchmark(name)
 
 
 def test_toy_throughput_smoke_run_and_the_batch_invariant_rows(tmp_path):
@@ -62,9 +57,7 @@ def test_toy_sweep_smoke_run(tmp_path):
 
 
 def _claims():
-    spec = importlib.util.spec_from_file_location("claims_bench", ROOT / "benchmarks" / "claims.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_benchmark("claims")
     return mod
 
 

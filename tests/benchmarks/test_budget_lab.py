@@ -1,19 +1,17 @@
 """benchmarks/budget_lab.py --quick: every fixed schedule of the grid and every budgeted point are
 exact lab points; the comparison envelope is what mixtures of fixed schedules reach (never below the
 best single schedule at no more distortion, never above the best overall); the verdict lines exist."""
-import importlib.util
 import json
 from pathlib import Path
 
 import pandas as pd
+from factories import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("budget_lab", ROOT / "benchmarks" / "budget_lab.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("budget_lab")
     return bench
 
 

@@ -4,23 +4,19 @@ budget (the row-parallel ones on LlamaGen only; PJD's host-driven schedule outsi
 eager tokens, and the JSON and the tables are written. One failing method is recorded without
 hiding the others and makes the CLI exit non-zero in one line; the time budget skips and records
 runs; bad flags are one-line errors."""
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from factories import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--tiny", "--device", "cpu"]  # fp64, chains of 3
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses resolve their module
-    spec.loader.exec_module(mod)
+    mod = load_benchmark("gpu_check")
     return mod
 
 

@@ -1,18 +1,14 @@
 """benchmarks/continuous_sweep.py (``make paper-table1``) on a real continuous target's classes: xAR on
 tiny random files (``--target xar_h --override ...``), the paper's rule at two batch sizes, its
 tables from the runs."""
-import importlib.util
 import json
-from pathlib import Path
 
 import factories
+from factories import load_benchmark
 
 
 def test_paper_table1_grid_runs_on_xar(xar_files, tmp_path):
-    spec = importlib.util.spec_from_file_location("continuous_sweep",
-                                                  Path(__file__).resolve().parents[2] / "benchmarks" / "continuous_sweep.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("continuous_sweep")
     overrides = [x for o in factories.xar_overrides(xar_files) for x in ("--override", o)]
     bench.main(["--target", "xar_h", *overrides, "--prompts", "2,2", "--batches", "1,2", "--gammas", "2,4",
                 "--modes", "paper", "--no-warmup", "--out", str(tmp_path / "out"), "--records", str(tmp_path / "rec")])

@@ -1,17 +1,15 @@
 """benchmarks/row_parallel.py --quick: the lab's tables are written, ZipAR's exact TV is above 0 at
 every window and below the mean summed step TV (the signal's bound), and every PJD setting reports
 its tokens per forward, its sampled TV beside the null band and a chi-square p-value."""
-import importlib.util
 import json
 from pathlib import Path
+from factories import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_quick_run(tmp_path):
-    spec = importlib.util.spec_from_file_location("row_parallel", ROOT / "benchmarks" / "row_parallel.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("row_parallel")
     bench.main(["--quick", "--out", str(tmp_path)])
     data = json.loads((tmp_path / "summary.json").read_text())
     assert [x["window"] for x in data["lab"]["zipar"]] == [1, 2]

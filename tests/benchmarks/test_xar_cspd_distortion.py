@@ -3,20 +3,18 @@ prefix mode's teacher-forced residuals look N(0, 1); parallel verification with 
 round and no prefill (docs/design/xar_cspd.md section 4, control (iii)) is detected as distorted,
 by the residuals and by the same-seed energy distance against the lossless rows' level. Thresholds
 have wide margins (the quick run is deterministic but small)."""
-import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from factories import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("xar_cspd_distortion", ROOT / "benchmarks" / "xar_cspd_distortion.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("xar_cspd_distortion")
     return bench
 
 

@@ -2,7 +2,6 @@
 uniform exactly when draws come from the distribution it is taken under, the teacher-forced
 rescoring equals what the loop scored each token with, and on the toy world the test passes a
 lossless method and fails a relaxed one at the same n."""
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from coolsd.engine.decoding.sampling import randomized_pit, sample_inverse_cdf
 from coolsd.engine.signals import teacher_forced_probs
 from coolsd.cli.runner import compose
 from coolsd.worlds import load_world
+from factories import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,9 +67,7 @@ def test_teacher_forced_rescoring_equals_the_loops_scores():
 def test_exactness_benchmark_passes_eagle_and_fails_a_relaxed_method(tmp_path):
     """64 prompts: AR's and EAGLE-1's tokens are drawn from the target's conditionals; UniformRSD at
     delta = 4 (about 0.2 TV per token) is caught; NLL shifts paired by prompt against AR."""
-    spec = importlib.util.spec_from_file_location("exactness_bench", ROOT / "benchmarks" / "exactness.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("exactness")
     rows = bench.main(["--prompts", "64", "--methods", "ar,eagle,uniform_rsd_4", "--out", str(tmp_path)])
     assert rows["eagle"]["exact"] and rows["eagle"]["tokens"] == 64 * 64
     assert rows["eagle"]["nll_minus_ar"]["n"] == 64 and rows["ar"]["nll_minus_ar"]["mean"] == 0.0  # paired by prompt

@@ -10,7 +10,7 @@ import pytest
 
 from coolsd.cli.runner import run
 from coolsd.toy.continuous import FILES, MANIFEST, load_toy_continuous
-from factories import compose, mar_overrides, toy_continuous_overrides
+from factories import compose, load_benchmark, mar_overrides, toy_continuous_overrides
 
 
 @pytest.fixture(scope="module")
@@ -148,13 +148,8 @@ def test_continuous_runs_join_the_parquet_table_and_its_summary(assets, tmp_path
 def test_continuous_benchmark_smoke_run(assets, tmp_path):
     """benchmarks/continuous_sweep.py end to end on tiny weights: its tables come from the runs
     (``--no-warmup``: the untimed warm-up batches change nothing but the timings)."""
-    import importlib.util
-    from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location("continuous_sweep",
-                                                  Path(__file__).resolve().parents[2] / "benchmarks" / "continuous_sweep.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("continuous_sweep")
     bench.main(["--assets", str(assets), "--prompts", "2,2", "--batches", "1,2", "--gammas", "4", "--modes",
                 "paper,exact", "--no-warmup", "--out", str(tmp_path / "out"), "--records", str(tmp_path / "rec")])
     rows = json.loads((tmp_path / "out" / "summary.json").read_text())["rows"]
