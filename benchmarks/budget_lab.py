@@ -8,7 +8,9 @@ forward), the expected summed per-token TV (``step_tv``, what a budget is set on
 * the budgeted rule at several prices, KL cost and TV cost (``method=budget``);
 * UniformRSD and COOL-SD's schedules at several deltas (``coolsd.theory.sweep.CURVES``);
 * EVERY fixed per-depth schedule omega_1..omega_L over the grid ``GRID`` (|GRID|^L schedules): the best
-  fixed schedule at each distortion level is their frontier.
+  fixed schedule at each distortion level is their frontier;
+* mixing exact verification and full relaxation over a run's images (the chord between the TV price's
+  two points), against every curve at its own points.
 
 For each budgeted point it reports the best accepted length fixed schedules reach at the same step TV
 (and at the same sequence TV): the upper concave envelope of their points, since a run may mix two
@@ -40,6 +42,7 @@ GRID = (1.0, 1.5, 2.0, 3.0, 5.0, 64.0)  # per-depth omegas of the searched fixed
 PRICES_KL = (0.05, 0.1, 0.2, 0.35, 0.5, 1.0, 2.0, 4.0)
 PRICES_TV = (0.5, 1.5)  # below 1: the largest acceptance at every node; above 1: exact (docs/methods.md 2.1)
 SCHEDULE_CURVES = ("uniform_rsd", "coolsd exp (mean)", "coolsd toward_one", "coolsd linear")
+FIXED = "fixed schedule (searched)"
 
 
 def _point(curve, seed, param, st) -> dict:
@@ -75,6 +78,8 @@ def best_at(fixed: pd.DataFrame, budget: float, key: str) -> tuple[float, str]:
     top = max(range(len(hull)), key=lambda i: hull[i][1])
     hull = hull[: top + 1]  # the rising part: more distortion buys more acceptance
     xs = [h[0] for h in hull]
+    if budget > xs[-1] + 1e-12:  # beyond what the curve reaches: no comparison at equal distortion
+        return float("nan"), "beyond its range"
     if budget >= xs[-1]:
         return hull[-1][1], hull[-1][2]
     i = int(np.searchsorted(xs, budget, side="right"))
@@ -85,45 +90,90 @@ def best_at(fixed: pd.DataFrame, budget: float, key: str) -> tuple[float, str]:
     return y0 + t * (y1 - y0), o0 if t == 0 else f"{o0} / {o1} ({t:.2f})"
 
 
-def run(seeds, L: int, grid, vocab: int, length: int, mix: float) -> tuple[pd.DataFrame, pd.DataFrame]:
-    points, comparisons = [], []
+def run(seeds, L: int, grid, vocab: int, length: int, mix: float) -> pd.DataFrame:
+    """Every lab point: the schedule curves, the budgeted rule's prices, every fixed schedule."""
+    points = []
     for seed, P, Q in lab_pairs(vocab, length, mix, seeds):
         t0 = time.perf_counter()
-        fixed = pd.DataFrame(fixed_schedules(P, Q, L, grid))
-        print(f"seed {seed}: {len(fixed)} fixed schedules in {time.perf_counter() - t0:.0f} s", flush=True)
+        for r in fixed_schedules(P, Q, L, grid):
+            points.append({"curve": FIXED, "seed": seed, "param": json.dumps(r["omega"]),
+                           **{k: r[k] for k in ("accepted_length", "step_tv", "step_kl", "tv")}})
+        print(f"seed {seed}: {len(grid) ** L} fixed schedules in {time.perf_counter() - t0:.0f} s", flush=True)
         for curve in SCHEDULE_CURVES:
             for method, params in CURVES[curve]:
                 points.append(_point(curve, seed, params["delta"], exact_stats(P, Q, method, L, **params)))
-        budgeted = [("budget kl", p, exact_stats(P, Q, "budget", L, price=p, cost="kl")) for p in PRICES_KL]
-        budgeted += [("budget tv", p, exact_stats(P, Q, "budget", L, price=p, cost="tv")) for p in PRICES_TV]
-        for curve, price, st in budgeted:
-            points.append(_point(curve, seed, price, st))
-            for key in ("step_tv", "tv"):
-                al, omega = best_at(fixed, st["expected_step_tv"] if key == "step_tv" else st["tv"], key)
-                comparisons.append({"seed": seed, "curve": curve, "price": price, "equal": key,
-                                    "budget_accepted_length": st["accepted_length"],
-                                    "budget_" + key: st["expected_step_tv"] if key == "step_tv" else st["tv"],
-                                    "best_fixed_accepted_length": al, "best_fixed_omega": omega,
-                                    "gain": st["accepted_length"] - al})
-        best = fixed.sort_values("step_tv")
-        for _, r in best.iterrows():
-            points.append({"curve": "fixed schedule (searched)", "seed": seed, "param": json.dumps(r["omega"]),
-                           "accepted_length": r["accepted_length"], "step_tv": r["step_tv"], "step_kl": r["step_kl"],
-                           "tv": r["tv"]})
-    return pd.DataFrame(points), pd.DataFrame(comparisons)
+        for p in PRICES_KL:
+            points.append(_point("budget kl", seed, p, exact_stats(P, Q, "budget", L, price=p, cost="kl")))
+        for p in PRICES_TV:
+            points.append(_point("budget tv", seed, p, exact_stats(P, Q, "budget", L, price=p, cost="tv")))
+    return pd.DataFrame(points)
+
+
+def compare(points: pd.DataFrame) -> pd.DataFrame:
+    """Each budgeted point against what every comparison curve reaches at its distortion (``best_at``:
+    the curve's upper concave envelope), at equal summed step TV and at equal sequence TV."""
+    rows = []
+    for seed, d in points.groupby("seed"):
+        for _, b in d[d["curve"].str.startswith("budget")].iterrows():
+            for versus in (FIXED, *SCHEDULE_CURVES):
+                ref = d[d["curve"] == versus].assign(omega=lambda x: x["param"])
+                if versus != FIXED:  # a schedule curve's delta = 1 point, where it has one, is EAGLE: (0, AL of EAGLE)
+                    ref = pd.concat([ref, d[(d["curve"] == FIXED) & (d["param"] == json.dumps([1.0] * _depth(d)))]
+                                     .assign(omega=lambda x: x["param"])])
+                for key in ("step_tv", "tv"):
+                    al, omega = best_at(ref, float(b[key]), key)
+                    rows.append({"seed": seed, "curve": b["curve"], "price": b["param"], "versus": versus,
+                                 "equal": key, "budget_accepted_length": b["accepted_length"], "budget_" + key: b[key],
+                                 "versus_accepted_length": al, "versus_point": omega,
+                                 "gain": b["accepted_length"] - al})
+    return pd.DataFrame(rows)
+
+
+def chord_gains(points: pd.DataFrame) -> pd.DataFrame:
+    """Mixing exact verification and the budgeted rule's fullest relaxation over a run's images (its
+    two TV-price points: a fraction t of the images at each) reaches, at step TV t * TV_max, the chord
+    between them. Its accepted length minus each schedule curve's at that curve's own points."""
+    rows = []
+    for seed, d in points.groupby("seed"):
+        tv = d[d["curve"] == "budget tv"].sort_values("step_tv")
+        (x0, y0), (x1, y1) = tv[["step_tv", "accepted_length"]].iloc[0], tv[["step_tv", "accepted_length"]].iloc[-1]
+        for curve in (FIXED, *SCHEDULE_CURVES, "budget kl"):
+            for _, r in d[d["curve"] == curve].iterrows():
+                if r["step_tv"] <= 1e-9 or r["step_tv"] > x1:
+                    continue
+                chord = y0 + (y1 - y0) * (r["step_tv"] - x0) / (x1 - x0)
+                rows.append({"seed": seed, "versus": curve, "point": r["param"], "step_tv": r["step_tv"],
+                             "versus_accepted_length": r["accepted_length"], "mix_accepted_length": chord,
+                             "gain": chord - r["accepted_length"]})
+    return pd.DataFrame(rows)
+
+
+def _depth(d: pd.DataFrame) -> int:
+    return len(json.loads(d.loc[d["curve"] == FIXED, "param"].iloc[0]))
 
 
 def verdict(cmp: pd.DataFrame) -> list[str]:
     lines = []
-    for (curve, key), g in cmp.groupby(["curve", "equal"], sort=False):
+    for (curve, versus, key), g in cmp.groupby(["curve", "versus", "equal"], sort=False):
         g = g[g["budget_" + key] > 1e-9]  # the exact points (distortion 0) compare nothing
+        beyond = int(g["gain"].isna().sum())
+        g = g.dropna(subset=["gain"])
         if g.empty:
             continue
         wins = int((g["gain"] > 1e-6).sum())
-        lines.append(f"- {curve}, at equal {'summed step TV' if key == 'step_tv' else 'sequence TV'}: "
-                     f"beats the best fixed schedule at {wins} of {len(g)} points (pairs x prices); "
-                     f"gain in accepted length: median {g['gain'].median():+.4f}, min {g['gain'].min():+.4f}, "
-                     f"max {g['gain'].max():+.4f} tokens per forward")
+        lines.append(f"- {curve} vs {versus}, at equal {'summed step TV' if key == 'step_tv' else 'sequence TV'}: "
+                     f"more accepted length at {wins} of {len(g)} points (pairs x prices); gain median "
+                     f"{g['gain'].median():+.4f}, min {g['gain'].min():+.4f}, max {g['gain'].max():+.4f} tokens per forward"
+                     + (f" ({beyond} more beyond the curve's range)" if beyond else ""))
+    return lines
+
+
+def chord_verdict(ch: pd.DataFrame) -> list[str]:
+    lines = []
+    for versus, g in ch.groupby("versus", sort=False):
+        lines.append(f"- mixing exact and fully relaxed images vs {versus}, at equal summed step TV: more accepted "
+                     f"length at {int((g['gain'] > 1e-6).sum())} of {len(g)} of its points; gain median "
+                     f"{g['gain'].median():+.4f}, min {g['gain'].min():+.4f}, max {g['gain'].max():+.4f} tokens per forward")
     return lines
 
 
@@ -144,11 +194,14 @@ def plot(points: pd.DataFrame, path: Path) -> None:
         d = points[points["seed"] == seed]
         fx = d[d["curve"] == "fixed schedule (searched)"]
         ax.scatter(fx["step_tv"], fx["accepted_length"], s=4, c="0.8", label="every fixed schedule")
-        fr = fx.sort_values("step_tv")
-        ax.plot(fr["step_tv"], fr["accepted_length"].cummax(), "-", c="0.4", lw=1, label="best fixed (frontier)")
-        for curve, g in d[d["curve"] != "fixed schedule (searched)"].groupby("curve", sort=False):
+        xs = np.linspace(0, fx["step_tv"].max(), 200)
+        env = [best_at(fx.assign(omega=fx["param"]), x, "step_tv")[0] for x in xs]
+        ax.plot(xs, env, "-", c="0.3", lw=1, label="fixed schedules, mixed over images (envelope)")
+        for curve, g in d[d["curve"] != FIXED].groupby("curve", sort=False):
             g = g.sort_values("step_tv")
-            ax.plot(g["step_tv"], g["accepted_length"], "o-" if curve.startswith("budget") else ".--", ms=4, label=curve)
+            style = "s" if curve == "budget tv" else ("o-" if curve.startswith("budget") else ".--")
+            ax.plot(g["step_tv"], g["accepted_length"], style, ms=5 if curve == "budget tv" else 4,
+                    label=curve + (" (exact; fully relaxed)" if curve == "budget tv" else ""))
         ax.set_title(f"pair {seed}", fontsize=10)
         ax.set_xlabel("expected summed step TV per sequence (exact)")
         ax.set_ylabel("accepted length (tokens / forward)")
@@ -164,26 +217,33 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--quick", action="store_true", help="one pair, chains of 2, a 3-value grid (the tests)")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "budget_lab")
+    ap.add_argument("--points", type=Path, default=None, help="summarise this points.csv again instead of computing it")
     a = ap.parse_args(argv)
     L, grid, vocab, length = (2, GRID[:2] + GRID[-1:], 3, 3) if a.quick else (4, GRID, 4, 5)
     seeds = a.seeds[:1] if a.quick else a.seeds
     t0 = time.perf_counter()
-    points, cmp = run(seeds, L, grid, vocab, length, 0.4)
+    points = pd.read_csv(a.points) if a.points else run(seeds, L, grid, vocab, length, 0.4)
+    cmp = compare(points)
+    chord = chord_gains(points)
     a.out.mkdir(parents=True, exist_ok=True)
     points.to_csv(a.out / "points.csv", index=False)
     cmp.to_csv(a.out / "comparison.csv", index=False)
+    chord.to_csv(a.out / "mixing.csv", index=False)
     plot(points, a.out / "budget_lab.png")
-    lines = verdict(cmp)
+    lines = verdict(cmp) + chord_verdict(chord)
     summary = {"pairs": seeds, "vocab": vocab, "length": length, "draft_length": L, "grid": list(grid),
-               "prices_kl": list(PRICES_KL), "prices_tv": list(PRICES_TV), "seconds": time.perf_counter() - t0,
+               "prices_kl": list(PRICES_KL), "prices_tv": list(PRICES_TV),
+               **({"points_from": str(a.points)} if a.points else {"seconds": time.perf_counter() - t0}),
                "verdict": lines}
     (a.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    table = cmp[cmp["equal"] == "step_tv"][["seed", "curve", "price", "budget_accepted_length", "budget_step_tv",
-                                            "best_fixed_accepted_length", "best_fixed_omega", "gain"]]
+    table = cmp[(cmp["equal"] == "step_tv") & (cmp["versus"].isin([FIXED, "uniform_rsd", "coolsd exp (mean)"]))][
+        ["seed", "curve", "price", "versus", "budget_accepted_length", "budget_step_tv", "versus_accepted_length",
+         "versus_point", "gain"]]
     md = ["# Relaxation by budget in the exact lab", "",
           f"Pairs {seeds} (V={vocab}, N={length}, chains of {L}), every fixed schedule over {list(grid)}^{L}; "
-          "all exact. Gain: the budgeted rule's accepted length minus the best that fixed schedules reach at "
-          "the same summed step TV (the upper concave envelope of their points: a run may mix two schedules).", "", *lines, "", *md_table(table)]
+          "all exact. Gain: the budgeted rule's accepted length minus what the other curve reaches at the same "
+          "distortion (its upper concave envelope: a run may mix two of its settings over its images).", "",
+          *lines, "", *md_table(table)]
     (a.out / "summary.md").write_text("\n".join(md) + "\n")
     print("\n".join(lines))
     return 0

@@ -92,7 +92,7 @@ def generate_records(world, method, prompts: list, idxs: list[int], seeds: list[
              **({"peak_memory_gib": peak} if peak is not None else {}),
              **({"compilations": compile_count() - n0 if k == 0 else 0} if world.compiled else {})}, s.image)
            for k, (s, p, idx, seed) in enumerate(zip(samples, prompts, idxs, seeds))]
-    if tuned is not None:  # the next batch's price, from these images' distortion (in prompt order)
+    if tuned is not None:  # the next batch's price, from this batch's distortion
         tuned.observe([rec.get("step_tv") for rec, _ in out])
     return out
 
@@ -103,14 +103,16 @@ def _tuned_rule(method):
     return rule if getattr(rule, "adaptive", False) else None
 
 
-def replay_tuning(methods: dict, done: dict, indices: list[int]) -> None:
+def replay_tuning(methods: dict, done: dict, indices: list[int], batch_size: int) -> None:
     """A resumed run's self-tuning rules brought to where the interrupted run left them: each
-    observes its finished images again, in the order the run generated them (prompt order), failed
-    ones skipped as they were."""
+    observes its finished images again, batch by batch as the run generated them (``run_methods``:
+    positions [k b, (k + 1) b) of ``indices``), failed ones skipped as they were."""
     for tag, m in methods.items():
         rule = _tuned_rule(m)
-        if rule is not None:
-            rule.observe([done[(tag, i)].get("step_tv") for i in indices
+        if rule is None:
+            continue
+        for start in range(0, len(indices), batch_size):
+            rule.observe([done[(tag, i)].get("step_tv") for i in indices[start:start + batch_size]
                           if (tag, i) in done and "error" not in done[(tag, i)]])
 
 
@@ -180,7 +182,7 @@ def run_methods(world, methods: dict, prompts: list, indices: list[int], run_see
     ``on_record(record, image or None)`` is called with each record once it is written (the
     tracker's ``log_record``)."""
     have = {(r["method"], r["prompt_index"]): r for r in (done or [])}
-    replay_tuning(methods, have, indices)
+    replay_tuning(methods, have, indices, batch_size)
     n_todo = sum((tag, indices[i]) not in have for i in range(len(prompts)) for tag in methods)
     if n_todo and world.warmup:  # excluded from latency
         (stats if stats is not None else {}).update(warm_up(world, methods, prompts, batch_size))

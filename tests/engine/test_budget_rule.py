@@ -85,16 +85,19 @@ def test_bad_parameters_are_refused():
 
 
 def test_the_controller_meets_the_budget_on_average_up_to_its_last_move():
-    """log price += rate (tv - budget) / budget per image telescopes: over K images the mean summed
-    step TV is budget (1 + log(price_K / price_0) / (rate K)) exactly, whatever the images were."""
-    rule = BudgetRule(1.0, tv_per_image=2.0, rate=0.3)
-    assert rule.adaptive and rule.describe()["price"] == 1.0
+    """log price += rate * mean over a batch of (tv - budget) / budget telescopes: over K images in
+    batches of b the mean summed step TV is budget (1 + b log(price_K / price_0) / (rate K)) exactly,
+    whatever the images were."""
     tvs = list(np.random.default_rng(0).gamma(2.0, 1.1, size=200))
-    copy = rule.on("meta")  # a device copy shares the price
-    rule.observe(tvs)
-    assert copy.price == rule.price != 1.0
-    want = 2.0 * (1 + np.log(rule.price / 1.0) / (0.3 * len(tvs)))
-    assert abs(np.mean(tvs) - want) < 1e-9
+    for b in (1, 8):
+        rule = BudgetRule(1.0, tv_per_image=2.0, rate=0.3)
+        assert rule.adaptive and rule.describe()["price"] == 1.0
+        copy = rule.on("meta")  # a device copy shares the price
+        for k in range(0, len(tvs), b):
+            rule.observe(tvs[k:k + b])
+        assert copy.price == rule.price != 1.0
+        want = 2.0 * (1 + b * np.log(rule.price / 1.0) / (0.3 * len(tvs)))
+        assert abs(np.mean(tvs) - want) < 1e-9, b
     with pytest.raises(ValueError, match="tree=chain"):
         rule.observe([None])
     zero = BudgetRule(1.0, tv_per_image=0.0)  # a budget of 0: the exact rule, nothing tuned

@@ -370,8 +370,8 @@ class BudgetRule(Rule):
     alpha(1) + (1 - price) TV(omega): omega = 1 for price > 1, the largest omega for price < 1.
 
     ``tv_per_image``: the price is tuned over a run's images to meet this budget of summed step TV
-    per image (``observe``: after each image, log price += ``rate`` (tv - budget) / budget); 0 is the
-    exact rule. The current price lives in ``state``, a dict the device copies of the rule share
+    per image (``observe``: after each batch, log price += ``rate`` times the batch's mean of
+    (tv - budget) / budget); 0 is the exact rule. The current price lives in ``state``, a dict the device copies of the rule share
     (``Rule.on`` copies attributes by reference), so an update reaches every copy."""
 
     name = "budget"
@@ -398,15 +398,17 @@ class BudgetRule(Rule):
         return bool(self.tv_per_image)
 
     def observe(self, tvs) -> None:
-        """One controller step per image, in order: ``tvs`` the images' summed step TV."""
-        if not self.adaptive:
+        """One controller step after a batch generated at the current price: ``tvs`` its images'
+        summed step TV. The step is the batch's mean, so a batch of b images moves the price as far
+        as one image would, whatever b."""
+        if not self.adaptive or not len(tvs):
             return
-        for tv in tvs:
-            if tv is None or not math.isfinite(tv):
-                raise ValueError("budget tv_per_image needs each image's summed step TV: a chain (tree=chain) "
-                                 "with the per-token signals recorded")
-            step = self.rate * (float(tv) - self.tv_per_image) / self.tv_per_image
-            self.state["price"] = min(max(self.state["price"] * math.exp(step), PRICE_RANGE[0]), PRICE_RANGE[1])
+        if any(tv is None or not math.isfinite(tv) for tv in tvs):
+            raise ValueError("budget tv_per_image needs each image's summed step TV: a chain (tree=chain) "
+                             "with the per-token signals recorded")
+        excess = sum(float(tv) - self.tv_per_image for tv in tvs) / (len(tvs) * self.tv_per_image)
+        self.state["price"] = min(max(self.state["price"] * math.exp(self.rate * excess), PRICE_RANGE[0]),
+                                  PRICE_RANGE[1])
 
     def choice(self, p_res: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         """The index into ``omegas`` each row (...,) chooses at the current price."""
