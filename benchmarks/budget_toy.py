@@ -23,7 +23,6 @@ from coolsd.report.sweep import toy_sweep  # noqa: E402
 from coolsd.util.records import read_records, write_json_atomic  # noqa: E402
 from coolsd.util.stats import mean_ci  # noqa: E402
 
-START_PRICE, RATE = 1.0, 0.2
 
 
 def main(argv=None) -> dict:
@@ -31,11 +30,14 @@ def main(argv=None) -> dict:
     ap.add_argument("--prompts", type=int, default=300)
     ap.add_argument("--budgets", type=float, nargs="+", default=[2.0, 4.0, 8.0])
     ap.add_argument("--batch-size", type=int, default=25)
+    ap.add_argument("--rate", type=float, default=1.0, help="the controller's step (method.rate)")
+    ap.add_argument("--start-price", type=float, default=1.0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "budget_toy")
     ap.add_argument("--records", type=Path, default=None)
     a = ap.parse_args(argv)
-    specs = [("ar", "ar", {}), ("budget_price_1", "budget", {"price": START_PRICE})]
+    START_PRICE, RATE = a.start_price, a.rate
+    specs = [("ar", "ar", {}), (f"budget_price_{START_PRICE:g}", "budget", {"price": START_PRICE})]
     specs += [(f"budget_tv_{b:g}", "budget", {"price": START_PRICE, "tv_per_image": b, "rate": RATE}) for b in a.budgets]
     records = a.records or ROOT / "outputs" / "budget_toy" / time.strftime("%Y-%m-%d_%H-%M-%S")
     t0 = time.perf_counter()
@@ -52,6 +54,8 @@ def main(argv=None) -> dict:
                "price": [r.get("budget_price", params["price"]) for r in mine]}
         if row["tv_per_image"] is not None:
             b = row["tv_per_image"]
+            last = row["price"][-1] * np.exp(RATE * np.mean((tv[-a.batch_size:] - b) / b))  # after the last batch
+            row["predicted"] = b * (1 + a.batch_size * np.log(last / row["price"][0]) / (RATE * len(tv)))
             row["met"] = bool(row["mean_step_tv"]["ci95"][0] <= b <= row["mean_step_tv"]["ci95"][1])
             row["met_second_half"] = bool(row["mean_step_tv_second_half"]["ci95"][0] <= b
                                           <= row["mean_step_tv_second_half"]["ci95"][1])
@@ -62,15 +66,18 @@ def main(argv=None) -> dict:
     ci = lambda m: f"{m['mean']:.2f} [{m['ci95'][0]:.2f}, {m['ci95'][1]:.2f}]"  # noqa: E731
     md = ["# Is the budget met? (toy world)", "",
           f"{a.prompts} prompts, chain L = 4, batch {a.batch_size}, {env['cpu']}; start price {START_PRICE}, rate "
-          f"{RATE}; the price moves after each image (in prompt order), so a batch shares one price. Produced by "
-          "benchmarks/budget_toy.py.", "",
-          "| configuration | budget (summed step TV / image) | mean step TV / image [95% CI] | second half | "
-          "inside the CI? (all / second half) | accepted length | price: first, last |", "|---|---|---|---|---|---|---|"]
+          f"{RATE}; the price moves after each batch by rate x the batch's mean relative excess (a batch shares one "
+          "price). Over K images in batches of b the mean is exactly budget x (1 + b log(last / first price) / (rate K)) "
+          "(docs/methods.md 2.1): the column 'predicted' gives that, from the first and last price. Produced by "
+          "`python benchmarks/budget_toy.py`.", "",
+          "| configuration | budget (summed step TV / image) | mean step TV / image [95% CI] | predicted | second half | "
+          "inside the CI? (all / second half) | accepted length | price: first, last |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         met = f"{'yes' if r['met'] else 'no'} / {'yes' if r['met_second_half'] else 'no'}" if "met" in r else "-"
+        pred = "-" if r["tv_per_image"] is None else f"{r['predicted']:.2f}"
         md.append(f"| {r['tag']} | {r['tv_per_image'] if r['tv_per_image'] is not None else '- (fixed price)'} | "
-                  f"{ci(r['mean_step_tv'])} | {ci(r['mean_step_tv_second_half'])} | {met} | {ci(r['accepted_length'])} | "
-                  f"{r['price'][0]:.3g}, {r['price'][-1]:.3g} |")
+                  f"{ci(r['mean_step_tv'])} | {pred} | {ci(r['mean_step_tv_second_half'])} | {met} | "
+                  f"{ci(r['accepted_length'])} | {r['price'][0]:.3g}, {r['price'][-1]:.3g} |")
     (a.out / "README.md").write_text("\n".join(md) + "\n")
     _plot(rows, a.out / "price.png")
     print("\n".join(md))

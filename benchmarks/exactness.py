@@ -50,6 +50,8 @@ METHODS = {
     "coolsd_2": ("coolsd", {"delta": 2.0}),
     "lantern_pp": ("lantern_pp", {"lam": 2.0, "k": 10}),
     "uniform_rsd_4": ("uniform_rsd", {"delta": 4.0}),
+    "budget_null": ("budget", {"price": None}),  # an infinite price: the exact rule (docs/methods.md 2.1)
+    "budget_0.5": ("budget", {"price": 0.5}),
 }
 ALPHA = 1e-3  # not exact: the smallest KS p-value, Bonferroni-corrected, is below this
 ORDERS = ("rank", "id")

@@ -21,6 +21,7 @@ from coolsd.util.errors import ConfigError
 
 DELTAS = (1.0, 1.25, 1.5, 2.0, 3.0, 4.0)
 LAMS = (1.0, 1.5, 2.0, 3.0, 5.0)
+PRICES = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0)  # method=budget (docs/methods.md 2.1); the parameter column holds the price
 CURVES = {
     "uniform_rsd": [("uniform_rsd", {"delta": d}) for d in DELTAS],
     "coolsd exp (mean)": [("coolsd", {"delta": d, "schedule": "exp"}) for d in DELTAS],
@@ -29,6 +30,7 @@ CURVES = {
     "coolsd toward_one": [("coolsd", {"delta": d, "schedule": "toward_one"}) for d in DELTAS],
     "lantern_pp k=2": [("lantern_pp", {"lam": l, "k": 2}) for l in LAMS],
     "lantern_pp k=2 +G*": [("lantern_pp", {"lam": l, "k": 2, "resample": "gstar"}) for l in LAMS],
+    "budget (KL price)": [("budget", {"price": p}) for p in PRICES],
 }
 
 
@@ -143,7 +145,7 @@ def run_sweep(vocab=4, length=5, draft_length=4, mix=0.4, seeds=(0, 1, 2), n_sam
             for method, params in items:
                 st = exact_stats(P, Q, method, draft_length, **params)
                 rows.append({"curve": curve, "seed": seed, "method": method,
-                             "param": params.get("delta", params.get("lam")), **_exact(st)})
+                             "param": params.get("delta", params.get("lam", params.get("price"))), **_exact(st)})
     return pd.DataFrame(rows)
 
 
