@@ -211,10 +211,7 @@ def _result(target, cond, buf, sampling, sync, t0: float, lengths: list, forward
     extra = {}
     if distortion:
         t1 = time.perf_counter()
-        if q is None:
-            _target_signals(target, cond, buf, sampling, dist)
-        else:
-            _exact_signals(target, cond, buf, q, sampling, dist)
+        _signals(target, cond, buf, sampling, dist, q)
         sync()
         extra["signal_s"] = time.perf_counter() - t1
     return GenerationResult(
@@ -236,27 +233,31 @@ def teacher_forced_logits(target, cond, tokens: torch.Tensor) -> torch.Tensor:
     return torch.cat([first, rest.to(first.dtype)], 1)
 
 
-def _target_signals(target, cond, tokens, sampling, dist):
-    """The signals that need only the target's p_t(. | x_<t): ``token_nll``, ``token_off_support``,
-    ``token_depth`` (0: no verification depth); returns (p, log p) for the rest."""
+SIGNAL_CHUNK = 64  # image positions whose float64 (B, chunk, V) distributions the signals hold at once
+
+
+def _signals(target, cond, tokens, sampling, dist, q=None) -> None:
+    """Each token's signals from one teacher-forced forward (``teacher_forced_logits``): its NLL under
+    the target's p_t(. | x_<t), whether it lies off p_t's warped support, depth 0 (no verification);
+    where ``q`` (B, N, V), the distributions the tokens were drawn from, is given, also TV and KL of
+    q_t to p_t and the NLL's expectation under q_t (docs/distortion.md). The float64 distributions are
+    formed ``SIGNAL_CHUNK`` positions at a time: (B, N, V) of them at once would be 75 MB a sample
+    at Janus-Pro's 576 x 16,384 (every step is per position, so chunks change no value)."""
     logits = teacher_forced_logits(target, cond, tokens)
-    p = sampling.probs(logits).to(torch.float64)
-    logp = target_log_probs(logits, sampling).to(torch.float64)
-    x = tokens.to(p.device).unsqueeze(-1)
-    dist[:, NLL] = -logp.gather(-1, x)[..., 0].cpu()
-    dist[:, OFF] = (p.gather(-1, x)[..., 0] <= 0).to(torch.float64).cpu()
+    x = tokens.to(logits.device).unsqueeze(-1)
+    N = tokens.shape[1]
+    for a in range(0, N, SIGNAL_CHUNK):
+        b = min(a + SIGNAL_CHUNK, N)
+        p = sampling.probs(logits[:, a:b]).to(torch.float64)
+        logp = target_log_probs(logits[:, a:b], sampling).to(torch.float64)
+        dist[:, NLL, a:b] = -logp.gather(-1, x[:, a:b])[..., 0].cpu()
+        dist[:, OFF, a:b] = (p.gather(-1, x[:, a:b])[..., 0] <= 0).to(torch.float64).cpu()
+        if q is not None:
+            qc = q[:, a:b].to(p.device)
+            dist[:, TV, a:b] = tv(qc, p).cpu()
+            dist[:, KL, a:b] = kl(qc, p).cpu()
+            dist[:, XNLL, a:b] = expected_nll(qc, logp).cpu()
     dist[:, DEPTH] = 0.0
-    return p, logp
-
-
-def _exact_signals(target, cond, tokens, q, sampling, dist) -> None:
-    """Each token's exact signals: TV and KL of the q_t it was drawn from to the target's
-    p_t(. | x_<t) (docs/distortion.md), its NLL under the target and that NLL's expectation under q_t,
-    whether it lies off p_t's warped support; depth 0 (no verification)."""
-    p, logp = _target_signals(target, cond, tokens, sampling, dist)
-    dist[:, TV] = tv(q, p).cpu()
-    dist[:, KL] = kl(q, p).cpu()
-    dist[:, XNLL] = expected_nll(q, logp).cpu()
 
 
 # ---------------------------------------------------------------------------------------------- PJD

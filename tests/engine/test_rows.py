@@ -151,6 +151,27 @@ def test_the_signal_bounds_the_sequence_tv():
         assert x["tokens_per_forward"] == 9 / (2 * SIDE + (SIDE - 2) * w)
 
 
+def test_signals_in_chunks_of_positions_are_the_whole_image_s(monkeypatch):
+    """The signals are formed a few positions at a time (``rows.SIGNAL_CHUNK``): chunks of 2 give every
+    token's signals as one chunk does, for ZipAR (q known: TV, KL, expected NLL) and PJD (target only)."""
+    import coolsd.engine.rows as rows
+
+    target = _target()
+
+    def run(chunk, method):
+        monkeypatch.setattr(rows, "SIGNAL_CHUNK", chunk)
+        drafter = RowParallel(1, SIDE) if method == "zipar" else rows.PJDRows(3, 1, SIDE, CODES)
+        res = speculative_generate(target, SIDE * SIDE, PerSampleRNG([1, 2]), drafter=drafter, sampling=SamplingConfig(),
+                                   cond=_cond(2), batch_size=2)
+        return torch.stack([res.step_tv, res.step_kl, res.token_nll, res.token_nll_expected, res.token_off_support])
+
+    for method in ("zipar", "pjd"):
+        whole, parts = run(64, method), run(2, method)
+        assert torch.equal(whole.isnan(), parts.isnan()) and not whole[2].isnan().any()
+        assert (whole.nan_to_num() - parts.nan_to_num()).abs().max() < 1e-12, method
+    assert run(64, "zipar")[0].max() > 0  # ZipAR's step TV: a signal, not zeros
+
+
 @pytest.mark.parametrize("H,W,w", [(16, 16, 8), (48, 48, 8), (3, 4, 1), (5, 7, 3)])
 def test_forward_count_is_the_documented_one(H, W, w):
     """docs/methods.md section 8.1: 2 W + (H - 2) w target forwards, the prefill included."""
