@@ -81,7 +81,7 @@ def test_draft_self_accepts_everything_and_reproduces_the_target_images(assets, 
 
 
 def test_mismatched_method_and_target_are_errors_before_work(assets, tmp_path):
-    with pytest.raises(ValueError, match="method=cspd does not run on discrete targets.*discrete targets: ar, coolsd"):
+    with pytest.raises(ValueError, match="method=cspd does not run on discrete targets.*discrete targets: ar, budget, coolsd"):
         run(compose("target=toy", "method=cspd", f"+out_dir={tmp_path}"))
     with pytest.raises(ValueError, match="method=coolsd does not run on continuous targets.*continuous targets: ar, cspd"):
         run(compose("target=toy_continuous", "method=coolsd", f"+out_dir={tmp_path}"))
