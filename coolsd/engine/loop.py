@@ -280,9 +280,10 @@ def verify_round(target, tree: Tree, rule: Rule, sampling: SamplingConfig, state
     # each written token's quality signals (round_signals) go to the same columns of ``dist``;
     # None: not asked for (speculative_generate(distortion=False)), left NaN
     if isinstance(dist, DeferredSignals):  # eager: kept, computed with later rounds'
-        dist.add(step.logits, p, q, v.path, v.n_accepted, vals, max_depth, where, write)
+        dist.add(step.logits, p, q, v.path, v.n_accepted, vals, max_depth, where, write, v.choices)
     elif dist is not None:
-        signals = round_signals(step.logits, p, q, v.path, v.n_accepted, vals, tree, rule, max_depth, sampling, dist.dtype)
+        signals = round_signals(step.logits, p, q, v.path, v.n_accepted, vals, tree, rule, max_depth, sampling, dist.dtype,
+                                v.choices)
         write_signals(dist, signals, where, write)
     logged = torch.where(bad, -2, torch.where(active, n_new, -1))
     n_out += torch.where(bad, 0, n_new)

@@ -73,7 +73,7 @@ class DeferredSignals:
         """Time spent on the signals (after the loop's final sync on CUDA)."""
         return self.timer.seconds()
 
-    def add(self, logits, p, q, path, n_accepted, vals, max_depth, where, write) -> None:
+    def add(self, logits, p, q, path, n_accepted, vals, max_depth, where, write, choices=None) -> None:
         self.timer.start()
         if self.big is None:
             limit = self.cpu_max_elements if p.device.type == "cpu" else self.max_elements
@@ -82,7 +82,7 @@ class DeferredSignals:
         i = len(self.small)
         for buf, x in zip(self.big, (logits, p, q)):
             buf[i].copy_(x)
-        self.small.append((path, n_accepted, vals, max_depth, where, write))
+        self.small.append((path, n_accepted, vals, max_depth, where, write, choices))
         self.timer.stop()
         if len(self.small) == self.big[0].shape[0]:
             self.flush()
@@ -97,11 +97,12 @@ class DeferredSignals:
     def _flush(self) -> None:
         R = len(self.small)
         logits, p, q = (buf[:R].flatten(0, 1) for buf in self.big)  # (R*B, n+1, V) views, round-major
-        path, n_accepted, vals, max_depth, where, write = (torch.cat(x) for x in zip(*self.small))
+        path, n_accepted, vals, max_depth, where, write, choices = (
+            torch.cat(x) if x[0] is not None else None for x in zip(*self.small))
         B = self.big[0].shape[1]
         self.small = []
         sig = round_signals(logits, p, q, path, n_accepted, vals, self.tree, self.rule, max_depth, self.sampling,
-                             self.dist.dtype)  # (R*B, C, W), round-major rows
+                             self.dist.dtype, choices)  # (R*B, C, W), round-major rows
         C, W = sig.shape[1:]
         per_sample = lambda x: x.view(R, B, *x.shape[1:]).transpose(0, 1)  # noqa: E731  (B, R, ...)
         sig = per_sample(sig).permute(0, 2, 1, 3).reshape(B, C, R * W)
@@ -109,12 +110,13 @@ class DeferredSignals:
 
 
 def round_signals(logits, p, q, path, n_accepted, vals, tree: Tree, rule: Rule, max_depth, sampling: SamplingConfig,
-                   dtype):
+                   dtype, choices=None):
     """(B, len(TOKEN_SIGNALS), D + 1): the signals of the round's candidate tokens ``vals`` (the
     accepted path, then the emitted token), position j = round depth j + 1. The token at depth j+1
     was verified at that depth if j < max_depth, else drawn from p (a bonus, the image's end); its
     parent node (whose p it was drawn or verified against) is the root for j = 0, else path[j-1].
-    Few, batched ops: at batch 1 on a small target their count, not their size, is the cost."""
+    Few, batched ops: at batch 1 on a small target their count, not their size, is the cost.
+    ``choices`` (B, D): the round's ``Verdict.choices`` (a rule that chooses per node), or None."""
     B, D = path.shape
     V = p.shape[-1]
     parent = torch.cat([torch.zeros(B, 1, dtype=torch.long), path.clamp(min=0)], 1)  # (B, D+1)
@@ -132,7 +134,7 @@ def round_signals(logits, p, q, path, n_accepted, vals, tree: Tree, rule: Rule, 
         tv_kl, xnll = torch.zeros(B, 2, D + 1, dtype=dtype), drawn.gather(1, parent)
     elif tree.max_children == 1:  # chain: exact per depth (docs/distortion.md), at the depths the round emitted
         need = (verified & (depth <= n_accepted.unsqueeze(1) + 1))[:, :D]
-        d = chain_distortion(rule, p, q, D, need, logp)
+        d = chain_distortion(rule, p, q, D, need, logp, choices)
         per_depth = torch.nn.functional.pad(torch.stack(d, 1), (0, 1))  # (B, 3, D+1): tv, kl, E nll; bonus column 0
         tv_kl = torch.where(verified.unsqueeze(1), per_depth[:, :2], 0).to(dtype)
         xnll = torch.where(verified, per_depth[:, 2], drawn[:, : D + 1])

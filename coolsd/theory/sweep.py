@@ -156,18 +156,19 @@ def plot(df: pd.DataFrame, path: Path, title: str):
     import matplotlib.pyplot as plt
 
     mean = df.groupby(["curve", "param"], as_index=False)[["tv", "accepted_length"]].mean()
-    fig, ax = plt.subplots(figsize=(7, 4.8))
+    fig, ax = plt.subplots(figsize=(9.5, 4.8))
     sampled = set(df.loc[df.get("sampled", False) == True, "curve"]) if "sampled" in df else set()  # noqa: E712
-    for curve, g in mean.groupby("curve", sort=False):
+    colours = plt.get_cmap("tab20").colors  # one colour per curve (the default cycle repeats after 10)
+    for i, (curve, g) in enumerate(mean.groupby("curve", sort=False)):
         g = g.sort_values("param")
         style = "*" if curve == "eagle" else ("x--" if curve in sampled else "o-")
         ax.plot(g["accepted_length"], g["tv"], style, label=curve + (" [sampled]" if curve in sampled else ""),
-                ms=9 if curve == "eagle" else 4)
+                ms=9 if curve == "eagle" else 4, color=colours[(2 * i) % 20 + (2 * i) // 20 % 2])
     ax.set_xlabel("accepted length (tokens per target forward)")
     ax.set_ylabel("TV to the target's sequence distribution\n(exact; [sampled]: n sequences, with its noise floor)")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: no curve hidden
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     fig.savefig(path.with_suffix(".pdf"))

@@ -4,8 +4,11 @@
   acceptance probability gained over exact verification, TV(pi(omega), p) = alpha(omega) - alpha(1),
   to rounding; it fails for omega < 1 (so the check can fail).
 * Consequence, checked: with ``cost="tv"`` every node chooses omega = 1 when the price exceeds 1 and the
-  largest acceptance (the smallest omega reaching it) when it is below 1; with ``cost="kl"`` the choice is interior for some nodes and never
-  grows with the price.
+  largest omega when it is below 1; with ``cost="kl"`` the choice is interior for some nodes and never
+  grows with the price, and it is the first maximum of the objective computed the long way (pi formed
+  per candidate, its KL summed), in float64 and float32, with or without residual mass.
+* Verification makes each node's choice once and hands it on (``Rule.chooses``): the same verdicts
+  as choosing inside every ``accepted`` call, on a chain and on a tree with siblings.
 * ``price=null`` is the exact rule (the same accepted mass, and the lab's chi-square: lossless).
 The per-token distortion against the independent oracle is tests/theory/test_distortion_lab.py.
 """
@@ -13,7 +16,10 @@ import numpy as np
 import pytest
 import torch
 
+from coolsd.engine.decoding import rules
 from coolsd.engine.decoding.rules import BUDGET_OMEGAS, BudgetRule, ExactRule, ScaledRule
+from coolsd.engine.decoding.trees import build_tree, chain_paths
+from coolsd.engine.decoding.verify import verify_tree
 from coolsd.engine.methods import build_method, method_info
 from coolsd.theory import TabularAR, chi_square_pvalue, sample_stats
 
@@ -44,18 +50,52 @@ def test_tv_of_gstar_is_the_acceptance_gained_for_omega_at_least_one():
 
 def test_a_tv_price_chooses_all_or_nothing():
     p, q = _pairs()
-    assert (BudgetRule(1.5, "tv").choice(p, q) == 0).all()  # omega = 1 everywhere
-    k = BudgetRule(0.5, "tv").choice(p, q)  # the largest acceptance, at the smallest omega that reaches it
-    alpha = torch.minimum(q.unsqueeze(1), BUDGET_OMEGAS.view(-1, 1) * p.unsqueeze(1)).sum(-1)  # (n, K)
-    assert torch.equal(alpha.gather(1, k.unsqueeze(1))[:, 0], alpha[:, -1]) and (k > 0).all()
-    assert (k == len(BUDGET_OMEGAS) - 1).sum() > len(k) // 2
+    assert (BudgetRule(1.5, "tv").choose(p, q) == 0).all()  # omega = 1 everywhere
+    k = BudgetRule(0.5, "tv").choose(p, q)  # the largest acceptance: the largest omega
+    assert (k == len(BUDGET_OMEGAS) - 1).all()
+    assert (BudgetRule(1.0, "tv").choose(p, q) == 0).all()  # a tie: the smallest omega
+
+
+def _objective_the_long_way(price, p, q):
+    """alpha - price * KL(pi || p) (n, K) at every candidate, pi formed per candidate (float64)."""
+    cols = []
+    for w in BUDGET_OMEGAS.tolist():
+        pi = ScaledRule(torch.tensor([w])).emitted(p, q, 1)
+        kl = torch.where(pi > 0, pi * (pi / torch.where(p > 0, p, 1.0)).log(), 0.0).sum(-1)
+        cols.append(torch.minimum(q, w * p).sum(-1) - price * kl)
+    return torch.stack(cols, 1)
+
+
+@pytest.mark.parametrize("path", ["eager chunks", "one expression"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_the_kl_choice_is_the_first_maximum_of_the_objective(dtype, path, monkeypatch):
+    """Both spellings of the choice: in place in reused buffers, 7 rows at a time (the last chunk
+    short), and the plain expressions compiled code and the GPU run."""
+    if path == "eager chunks":
+        monkeypatch.setattr(rules, "CHOOSE_CHUNK_ELEMENTS", 7 * len(BUDGET_OMEGAS) * 30)
+    else:
+        monkeypatch.setattr(rules, "compiling", lambda: True)
+    p, q = _pairs(n=400, V=30, seed=3)
+    p[:50, :6] = 0  # tokens outside p's support
+    p[:50] /= p[:50].sum(-1, keepdim=True)
+    q[50:60] = p[50:60]  # no residual mass: Norm falls back to p
+    q[60:70, ::2] = 0  # tokens outside q's support
+    q[60:70] /= q[60:70].sum(-1, keepdim=True)
+    for price in (0.05, 0.4, 2.0, 9.0):
+        k = BudgetRule(price, "kl").choose(p.to(dtype), q.to(dtype))
+        j = _objective_the_long_way(price, p, q)
+        if dtype == torch.float64:
+            assert torch.equal(k, j.argmax(1)), price
+        else:  # float32 rounding may pick a candidate whose objective ties the best's to ~1e-6
+            assert (j.max(1).values - j.gather(1, k.unsqueeze(1))[:, 0]).max() < 1e-5, price
+        assert (k > 0).any() and (k < len(BUDGET_OMEGAS) - 1).any()
 
 
 def test_a_kl_price_chooses_inside_and_relaxes_less_as_it_rises():
     p, q = _pairs()
     prev = None
     for price in (0.1, 0.5, 2.0, 8.0, 1e6):
-        k = BudgetRule(price, "kl").choice(p, q)
+        k = BudgetRule(price, "kl").choose(p, q)
         if price == 2.0:
             assert ((k > 0) & (k < len(BUDGET_OMEGAS) - 1)).any()  # interior choices
         if prev is not None:
@@ -82,6 +122,9 @@ def test_bad_parameters_are_refused():
         build_method("budget", price=-1.0)
     with pytest.raises(ValueError, match="cost"):
         build_method("budget", cost="js")
+    for bad in ([1.5, 2.0], [1.0, 3.0, 2.0]):  # not starting at 1, not ascending
+        with pytest.raises(ValueError, match="omegas must start at 1"):
+            BudgetRule(1.0, omegas=torch.tensor(bad))
 
 
 def test_the_controller_meets_the_budget_on_average_up_to_its_last_move():
@@ -102,3 +145,34 @@ def test_the_controller_meets_the_budget_on_average_up_to_its_last_move():
         rule.observe([None])
     zero = BudgetRule(1.0, tv_per_image=0.0)  # a budget of 0: the exact rule, nothing tuned
     assert zero.is_exact(1) and not zero.adaptive and method_info("budget").is_lossless({"tv_per_image": 0.0})
+
+
+class _ChoosesInside(BudgetRule):
+    """The same rule with no hand-over: every ``accepted`` call chooses for itself."""
+
+    chooses = False
+
+
+@pytest.mark.parametrize("paths", [chain_paths(4), [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]])
+def test_verification_hands_each_node_its_own_choice(paths):
+    """``verify_tree`` chooses a chain's nodes in one call and a tree's siblings one by one
+    (``Rule.chooses``): the verdicts equal those of the rule choosing inside ``accepted`` at every
+    sibling, draw for draw, and on a chain ``Verdict.choices`` holds node d's choice at column d - 1."""
+    tree = build_tree(paths)
+    B, n, V = 300, tree.n_nodes, 12
+    g = torch.Generator().manual_seed(4)
+    p = torch.softmax(2.0 * torch.randn(B, n + 1, V, generator=g, dtype=torch.float64), -1)
+    q = torch.softmax(2.0 * torch.randn(B, n + 1, V, generator=g, dtype=torch.float64), -1)
+    tokens = torch.multinomial(q.view(-1, V), 1, generator=g).view(B, n + 1)
+    u_accept, u_emit = torch.rand(B, n + 1, generator=g, dtype=torch.float64), torch.rand(B, generator=g, dtype=torch.float64)
+    max_depth = torch.full((B,), tree.max_depth)
+    verdicts = [verify_tree(p, q, tokens, tree, r, u_accept, u_emit, max_depth) for r in (BudgetRule(0.3), _ChoosesInside(0.3))]
+    handed, inside = verdicts
+    assert torch.equal(handed.path, inside.path) and torch.equal(handed.emitted, inside.emitted)
+    assert torch.equal(handed.emit_probs, inside.emit_probs) and inside.choices is None
+    assert handed.n_accepted.float().mean() > 0.5
+    if tree.max_children == 1:
+        want = torch.stack([BudgetRule(0.3).choose(p[:, d - 1], q[:, d]) for d in range(1, n + 1)], 1)
+        assert torch.equal(handed.choices, want) and (want > 0).any() and (want != want[:, :1]).any()
+    else:
+        assert handed.choices is None

@@ -128,7 +128,8 @@ _SELECT_ROWS_FROM = 8
 
 
 def chain_distortion(rule: Rule, p: torch.Tensor, q: torch.Tensor, depth: int,
-                     need: Optional[torch.Tensor] = None, logp: Optional[torch.Tensor] = None) -> ChainSignals:
+                     need: Optional[torch.Tensor] = None, logp: Optional[torch.Tensor] = None,
+                     choices: Optional[torch.Tensor] = None) -> ChainSignals:
     """Per-depth (TV, KL) of the emitted token along a chain, each (B, depth): p (B, n+1, V) the
     target at every node (node d-1 verifies depth d), q (B, n+1, V) the draft distribution of
     every node's token (node d at depth d). All depths in one batched pass. ``logp`` (B, n+1, V):
@@ -137,7 +138,9 @@ def chain_distortion(rule: Rule, p: torch.Tensor, q: torch.Tensor, depth: int,
 
     How the depths go is the rule's: all at once where it has a vectorised form
     (``rule.emitted_depths``: scaled rules), one batch of rows of depth 1 where ``emitted`` does not
-    depend on the depth (``rule.depth_independent``: LANTERN), else depth by depth.
+    depend on the depth (``rule.depth_independent``: LANTERN), else depth by depth. ``choices``
+    (B, >= depth): the per-node relaxations a choosing rule's verification made (``Verdict.choices``),
+    passed to its ``emitted_depths``; without them such a rule chooses again, depth by depth.
 
     ``need`` (B, depth) bool: the depths whose token the round emitted (verified there); for
     depth-independent rules in eager mode only those rows are computed (the others are 0: the round
@@ -154,7 +157,9 @@ def chain_distortion(rule: Rule, p: torch.Tensor, q: torch.Tensor, depth: int,
         z = p.new_zeros(B, depth)  # lossless at every depth: pi = p exactly
         return ChainSignals(z, z, expected_nll(P, L) if L is not None else None)
     Q = q[:, 1 : depth + 1].to(p.dtype)  # (B, D, V)
-    pi = rule.emitted_depths(P, Q)  # cheap rows: every depth at once, where the rule has that form
+    # cheap rows: every depth at once, where the rule has that form (a choosing rule's from the
+    # choices its verification made, ``Verdict.choices``)
+    pi = rule.emitted_depths(P, Q) if choices is None else rule.emitted_depths(P, Q, choices[:, :depth])
     if pi is not None:
         return signals(pi, P, L)
     if not rule.depth_independent:  # depth by depth

@@ -20,6 +20,9 @@ class Verdict:
     n_accepted: torch.Tensor  # (B,) accepted draft tokens
     emitted: torch.Tensor  # (B,) correction or bonus token (-1 where none is emitted)
     emit_probs: torch.Tensor  # (B, V) the distribution the emitted token was drawn from
+    # (B, D) on a chain, for a rule that chooses each node's relaxation (``Rule.chooses``): the
+    # choice the node at depth d was verified with, column d - 1; else None
+    choices: torch.Tensor | None = None
 
 
 def verify_tree(
@@ -50,6 +53,11 @@ def verify_tree(
     n_acc = torch.zeros(B, dtype=torch.long)
     D = tree.max_depth
     path = torch.full((B, max(D, 1)), -1, dtype=torch.long)
+    # a rule that chooses each node's relaxation from the node's (p_res, q) (``Rule.chooses``)
+    # chooses a chain's nodes in one call: on a chain a live sample's p_res at depth d is p at
+    # node d - 1 and its draft is node d (node j at depth j); elsewhere sibling by sibling
+    chain = D > 0 and tree.max_children == 1
+    choices = rule.choose(p[:, :D], q[:, 1 : D + 1]) if rule.chooses and chain else None
     # no early exit reads the host: every depth is walked, over the most children a node at the
     # depth above has (host-known from the static tree), dead samples masked (the round's one host
     # read is the loop's)
@@ -63,7 +71,10 @@ def verify_tree(
             qj = q[ar, c]
             # duplicates and q_j(x_j) <= 0 are skipped (docs/methods.md#13-verification-at-one-tree-depth-d)
             live = searching & ~found & (child >= 0) & (qj[ar, x] > 0)
-            f, residual = rule.step(p_res, qj, x, d)
+            if not rule.chooses:
+                f, residual = rule.step(p_res, qj, x, d)
+            else:
+                f, residual = rule.step(p_res, qj, x, d, choices[:, d - 1] if chain else rule.choose(p_res, qj))
             acc = live & (u_accept[ar, c] < f)
             rej = live & ~acc
             # an empty residual falls back to p at this node
@@ -78,4 +89,4 @@ def verify_tree(
     emitted = sample_inverse_cdf(p_res, u_emit)
     if emit_allowed_after is not None:
         emitted = torch.where(n_acc < emit_allowed_after, emitted, torch.full_like(emitted, -1))
-    return Verdict(path[:, :D] if D else path[:, :0], n_acc, emitted, p_res)
+    return Verdict(path[:, :D] if D else path[:, :0], n_acc, emitted, p_res, choices)
