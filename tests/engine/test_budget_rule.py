@@ -89,6 +89,9 @@ def test_the_kl_choice_is_the_first_maximum_of_the_objective(dtype, path, monkey
         else:  # float32 rounding may pick a candidate whose objective ties the best's to ~1e-6
             assert (j.max(1).values - j.gather(1, k.unsqueeze(1))[:, 0]).max() < 1e-5, price
         assert (k > 0).any() and (k < len(BUDGET_OMEGAS) - 1).any()
+    rule = BudgetRule(0.4, "kl")  # one rule, its buffers reused and grown: the same choices
+    few, alls = rule.choose(p[:3].to(dtype), q[:3].to(dtype)), rule.choose(p.to(dtype), q.to(dtype))
+    assert torch.equal(few, alls[:3]) and torch.equal(rule.choose(p[:3].to(dtype), q[:3].to(dtype)), few)
 
 
 def test_a_kl_price_chooses_inside_and_relaxes_less_as_it_rises():

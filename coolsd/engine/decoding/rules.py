@@ -470,14 +470,15 @@ class BudgetRule(Rule):
                           for i in range(0, p_res.shape[0], n)]).view(shape)
 
     def _workspace(self, n: int, K: int, V: int, dtype) -> tuple:
-        """Two (n, K, V) CPU buffers kept on the rule and reused call to call (the last size
-        asked for): temporaries of that size freshly allocated are new pages from the OS at
-        every call, which cost more than the arithmetic (measured on the toy world, V = 512,
-        K = 36, 64 rows: 8.5 to 11 ms allocated per call, 2.6 to 2.9 ms reused)."""
-        key = (n, K, V, dtype)
-        if self.__dict__.get("_work", (None,))[0] != key:
-            self._work = (key, tuple(torch.empty(n, K, V, dtype=dtype) for _ in range(2)))
-        return self._work[1]
+        """Two (>= n, K, V) CPU buffers kept on the rule and reused call to call (grown when a
+        call needs more rows, at most ``CHOOSE_CHUNK_ELEMENTS`` each): temporaries of that size
+        freshly allocated are new pages from the OS at every call, which cost more than the
+        arithmetic (measured on the toy world, V = 512, K = 36, 64 rows: 8.5 to 11 ms allocated
+        per call, 2.6 to 2.9 ms reused)."""
+        work = self.__dict__.get("_work")
+        if work is None or work[0].shape[0] < n or work[0].shape[1:] != (K, V) or work[0].dtype != dtype:
+            self._work = work = tuple(torch.empty(n, K, V, dtype=dtype) for _ in range(2))
+        return work
 
     def _choose_kl(self, p_res, t, norm, bufs: Optional[tuple] = None) -> torch.Tensor:
         """``choose`` at cost KL for rows (n, V) of p, t = q / p and Norm(residual) / p: in place in
