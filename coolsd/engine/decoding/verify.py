@@ -56,8 +56,8 @@ def verify_tree(
     # a rule that chooses each node's relaxation from the node's (p_res, q) (``Rule.chooses``)
     # chooses a chain's nodes in one call: on a chain a live sample's p_res at depth d is p at
     # node d - 1 and its draft is node d (node j at depth j); elsewhere sibling by sibling
-    chain = D > 0 and tree.max_children == 1
-    choices = rule.choose(p[:, :D], q[:, 1 : D + 1]) if rule.chooses and chain else None
+    chain, chooses = D > 0 and tree.max_children == 1, rule.chooses
+    choices = rule.choose(p[:, :D], q[:, 1 : D + 1]) if chooses and chain else None
     # no early exit reads the host: every depth is walked, over the most children a node at the
     # depth above has (host-known from the static tree), dead samples masked (the round's one host
     # read is the loop's)
@@ -71,7 +71,7 @@ def verify_tree(
             qj = q[ar, c]
             # duplicates and q_j(x_j) <= 0 are skipped (docs/methods.md#13-verification-at-one-tree-depth-d)
             live = searching & ~found & (child >= 0) & (qj[ar, x] > 0)
-            if not rule.chooses:
+            if not chooses:
                 f, residual = rule.step(p_res, qj, x, d)
             else:
                 f, residual = rule.step(p_res, qj, x, d, choices[:, d - 1] if chain else rule.choose(p_res, qj))
