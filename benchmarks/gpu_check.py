@@ -88,6 +88,7 @@ def discrete_methods() -> list[str]:
 
 
 HOST_DRIVEN = ("pjd",)  # its schedule follows acceptances read on the host every forward (docs/methods.md 8.2)
+ROWS_AFTER = ("rows", "pjd")  # drafter kinds whose signals come after the timed decode (coolsd.engine.rows._result)
 
 
 def runs_on(target: str, method: str) -> bool:
@@ -305,6 +306,15 @@ def generate(ck: Check, spec: Discrete, method, compile: bool, n: int):
                                     distortion=not ck.a.no_signals)
 
 
+def capped(spec, tokens: Optional[int]):
+    """A discrete target's spec decoding at most ``tokens`` tokens a run, whole image rows (at least
+    one): the first rows of its image (``--tokens``)."""
+    if tokens is None or not isinstance(spec, Discrete):
+        return spec
+    rows = max(1, min(spec.n_tokens, tokens) // spec.grid_width)
+    return dataclasses.replace(spec, n_tokens=rows * spec.grid_width)
+
+
 def build(spec: Discrete, name: str, a):
     tree_kw = {"tree": a.tree, **({"draft_length": a.draft_length} if a.tree == "chain" else {})}
     return build_method(name, neighbours=spec.neighbours, **tree_kw)
@@ -335,6 +345,11 @@ def discrete_run(ck: Check, spec: Discrete, mode: str, name: str) -> dict:
     row.update(seconds=res.seconds, rounds=rounds, tokens_per_round=res.accepted_length(0),
                seconds_per_round=res.seconds / max(rounds, 1), seconds_per_token=res.seconds / N,
                target_forwards=res.target_forwards[0], draft_forwards=res.draft_forwards)
+    # the quality signals' own time inside ``seconds`` (eager: DeferredSignals' device time; compiled
+    # rounds compute them inline, not timed apart; row-parallel runs: after ``seconds``, not in it)
+    sig = res.extra.get("signal_s")
+    inside = sig is not None and not compile and method.drafter not in ROWS_AFTER
+    row.update(signal_s=sig, signal_share=sig / res.seconds if inside and res.seconds > 0 else None)
     row["tokens"] = res.tokens[0].cpu()
     try:  # a counting run's failure keeps the timed run's numbers
         row.update(count_reads(ck, spec, method, compile))
@@ -361,6 +376,8 @@ def count_reads(ck: Check, spec: Discrete, method, compile: bool) -> dict:
                 "syncs": box["syncs"], "syncs_per_round": None if box["syncs"] is None else box["syncs"] / max(r, 1),
                 "reads_where": sorted({w for _, w in reads.where})[:40]}
     half = min(N // 2, ck.a.count_tokens)
+    if method.drafter in ROWS_AFTER:  # row-parallel schedules decode whole image rows
+        half = max(spec.grid_width, half // spec.grid_width * spec.grid_width)
     got = []
     for n in (half, 2 * half):
         with counted(ck.dev, False) as (reads, box):
@@ -462,6 +479,9 @@ def parse(argv):
     ap.add_argument("--draft-length", type=int, default=None, help="the chain's length (default 4; --tiny: 3)")
     ap.add_argument("--lumina-layers", type=int, default=8, help="Chameleon-7B layers kept (of 32)")
     ap.add_argument("--mar-steps", type=int, default=100, help="MAR's diffusion head steps (MAR's evaluation: 100)")
+    ap.add_argument("--tokens", type=int, default=None,
+                    help="tokens a run decodes at most, in whole image rows (default: the whole image); the "
+                         "per-token and per-round costs are what the check measures")
     ap.add_argument("--count-tokens", type=int, default=48,
                     help="eager host reads: the rounds of a 2a-token run over an a-token one (a <= half the image)")
     ap.add_argument("--budget-s", type=float, default=420.0, help="no new run once past this (skips recorded)")
@@ -494,8 +514,10 @@ def parse(argv):
         ap.error(f"--device {a.device!r} is not a device (cuda, cuda:0, cpu)")
     if dev.type == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device here (a CPU smoke run: --tiny --device cpu)")
-    if a.lumina_layers < 1 or a.mar_steps < 2 or a.count_tokens < 1 or a.budget_s < 0 or a.draft_length < 1:
-        ap.error("--lumina-layers, --count-tokens and --draft-length must be >= 1, --mar-steps >= 2, --budget-s >= 0")
+    if a.lumina_layers < 1 or a.mar_steps < 2 or a.count_tokens < 1 or a.budget_s < 0 or a.draft_length < 1 \
+            or (a.tokens is not None and a.tokens < 1):
+        ap.error("--lumina-layers, --count-tokens, --tokens and --draft-length must be >= 1, --mar-steps >= 2, "
+                 "--budget-s >= 0")
     try:
         build_method("eagle", tree=a.tree, **({"draft_length": a.draft_length} if a.tree == "chain" else {}))
     except ValueError as e:
@@ -554,7 +576,7 @@ def _check(a, dev) -> dict:
     gpu = hardware_name(dev)
     bw = a.bandwidth_gbs or (bandwidth_of(gpu) if dev.type == "cuda" else None)
     out: dict = {"device": gpu, "device_type": dev.type, "torch": torch.__version__, "commit": commit(),
-                 "dtype": a.dtype, "tiny": a.tiny, "bandwidth_gbs": bw, "tree": a.tree,
+                 "dtype": a.dtype, "tiny": a.tiny, "bandwidth_gbs": bw, "tree": a.tree, "tokens_cap": a.tokens,
                  "draft_length": a.draft_length if a.tree == "chain" else None, "budget_s": a.budget_s,
                  "quality_signals": not a.no_signals, "count_tokens": a.count_tokens,
                  "compiled_methods": a.compiled_methods if "compiled" in a.modes else [],
@@ -582,7 +604,7 @@ def _check(a, dev) -> dict:
             continue
         if tname not in specs:
             try:
-                specs[tname] = builders[tname]()
+                specs[tname] = capped(builders[tname](), a.tokens)
                 tout.update(describe(specs[tname], tname, bw, a.tiny))
                 print(f"gpu_check: {tname}: {tout['shapes']}", flush=True)
             except Exception as e:  # noqa: BLE001  (a target that cannot be built fails its runs, not the check)
@@ -650,7 +672,7 @@ def describe(spec, tname: str, bw, tiny: bool) -> dict:
     wb = read_bytes(spec.bound_model)
     d = {"shapes": spec.shapes, "params": sum(p.numel() for p in spec.bound_model.parameters()),
          "weight_bytes": _bytes(spec.bound_model), "bytes_read_per_step": wb, "resident_bytes": _bytes(*spec.models),
-         "image_tokens": spec.n_tokens, "bandwidth_bound_s_per_token": wb / (bw * 1e9) if bw else None,
+         "tokens_per_run": spec.n_tokens, "bandwidth_bound_s_per_token": wb / (bw * 1e9) if bw else None,
          **({"compiled": spec.compile_note} if spec.compile_note else {})}
     layers = spec.bound_model.model.layers if tname == "lumina" else None
     if layers is not None and not tiny and bw:  # the bound of all 32 layers, for reference
@@ -755,7 +777,8 @@ def write(out: dict, path: Path) -> None:
              "- result: " + ("" if out["complete"] else "(still running) ")
              + ("FAILED: " + "; ".join(out["failures"]) if out["failures"] else "all checks passed")]
     for tname, t in out["targets"].items():
-        lines += ["", f"## {tname}", "", f"- {t.get('shapes', t.get('error', ''))}"]
+        lines += ["", f"## {tname}", "", f"- {t.get('shapes', t.get('error', ''))}"
+                  + (f"; {t['tokens_per_run']} tokens a run" if t.get("tokens_per_run") else "")]
         if t.get("compiled"):
             lines.append(f"- compiled: {t['compiled']}")
         if t.get("weight_bytes") is not None:
@@ -771,22 +794,24 @@ def write(out: dict, path: Path) -> None:
             lines.append(f"- AR {mode}: {ar['seconds_per_token'] * 1e3:.2f} ms/token"
                          + (f" = {ar['over_bound']:.2f}x the bandwidth bound" if ar["over_bound"] else ""))
         lines += ["", "| method | mode | status | tokens/round | host reads/round | lifted/round | syncs/round | "
-                      "round, AR steps | s | compile s | peak GiB | compiled = eager |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                      "round, AR steps | signals | s | compile s | peak GiB | compiled = eager |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in t["runs"]:
             if "seconds" not in r:
                 lines.append(f"| {r['method']} | {r['mode']} | {r['status']}: {_cell(r.get('error', ''))} "
-                             + "| " * 9 + "|")
+                             + "| " * 10 + "|")
                 continue
             agree = r.get("token_agreement")
             cells = [r["method"], r["mode"], r["status"], _fmt(r["tokens_per_round"]), _fmt(r.get("host_reads_per_round")),
                      _fmt(r.get("lifted_per_round")), _fmt(r.get("syncs_per_round")), _fmt(r.get("round_in_ar_steps")),
-                     _fmt(r["seconds"], ".3f"), _fmt(r.get("compile_s"), ".1f"), _fmt(gib(r.get("peak_memory_bytes"))),
+                     _fmt(None if r.get("signal_share") is None else 100 * r["signal_share"], ".1f") + "%"
+                     * (r.get("signal_share") is not None), _fmt(r["seconds"], ".3f"), _fmt(r.get("compile_s"), ".1f"), _fmt(gib(r.get("peak_memory_bytes"))),
                      "-" if agree is None else f"{agree:.3f}"]
             lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Host reads, lifts and syncs: eager, per extra round of a longer counted run; compiled, per round "
                   "of a full counted run (set-up included). Round, AR steps: a round's time over an AR step's "
-                  "(same target and mode). compiled = eager: the fraction of equal tokens. Random weights: "
+                  "(same target and mode). Signals: the quality signals' share of an eager run's time (compiled "
+                  "rounds compute them inline). compiled = eager: the fraction of equal tokens. Random weights: "
                   "accepted lengths mean nothing, costs are real."]
     _suffixed(path, ".md").write_text("\n".join(lines) + "\n")
 

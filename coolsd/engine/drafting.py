@@ -92,8 +92,9 @@ class ModelDrafter:
         self.ctx_tokens = first_token.unsqueeze(1)
         feat = None if target_out is None or target_out.hidden is None else target_out.hidden[:, -1:]
         self.ctx_feats = feat
-        self.ctx_count = torch.ones(batch_size, dtype=torch.long)
-        self.length = torch.zeros(batch_size, dtype=torch.long)  # committed entries
+        dev = first_token.device
+        self.ctx_count = torch.ones(batch_size, dtype=torch.long, device=dev)
+        self.length = torch.zeros(batch_size, dtype=torch.long, device=dev)  # committed entries
 
     def depth_cap(self, n_out: torch.Tensor) -> Optional[torch.Tensor]:
         return None
@@ -115,15 +116,15 @@ class ModelDrafter:
         self.forwards += 1 + len(tree.forwarded_levels(depth))
         return tokens, q
 
-    def _causal(self, C: int) -> torch.Tensor:
-        """The context forward's (C, C) causal mask: one object per (C, device) in eager code (a
-        drafter may analyse a mask once per object: LuminaEagleDrafter)."""
+    def _causal(self, C: int, device: torch.device) -> torch.Tensor:
+        """The context forward's (C, C) causal mask on ``device``: one object per (C, device) in
+        eager code (a drafter may analyse a mask once per object: LuminaEagleDrafter)."""
         if compiling():
-            return torch.ones(C, C, dtype=torch.bool).tril()
+            return torch.ones(C, C, dtype=torch.bool, device=device).tril()
         masks = self.__dict__.setdefault("_causal_masks", {})
-        key = (C, torch.get_default_device())
+        key = (C, device)
         if key not in masks:
-            masks[key] = torch.ones(C, C, dtype=torch.bool).tril()
+            masks[key] = torch.ones(C, C, dtype=torch.bool, device=device).tril()
         return masks[key]
 
     def _expand(self, tree: Tree, u: torch.Tensor, depth_to_draft: int, ctx_tokens, ctx_feats, ctx_count, length):
@@ -131,14 +132,15 @@ class ModelDrafter:
         one, committed), then level by level the children of every node, drawn without
         replacement with the round's uniforms ``u``. Returns (tokens, q, new committed length)."""
         B, C = ctx_tokens.shape
-        ar = torch.arange(B)
+        dev = ctx_tokens.device
+        ar = torch.arange(B, device=dev)
         n_children = tree.n_children_list
         expand_col = {node: j for j, node in enumerate(tree.expanded_nodes)}
         forwarded_levels = set(tree.forwarded_levels(depth_to_draft))
         V = self.model.vocab_size
 
-        pos = length.unsqueeze(1) + torch.arange(C)
-        out = self.model.forward(ctx_tokens, pos, self._causal(C), ctx_feats)
+        pos = length.unsqueeze(1) + torch.arange(C, device=dev)
+        out = self.model.forward(ctx_tokens, pos, self._causal(C, dev), ctx_feats)
         self.model.commit(None, ctx_count)  # the context's entries in order: in place
         last = ctx_count - 1
         length = length + ctx_count
@@ -146,9 +148,9 @@ class ModelDrafter:
         root_hidden = None if out.hidden is None else out.hidden[ar, last]
 
         n1 = tree.n_nodes + 1
-        tokens = torch.zeros(B, n1, dtype=torch.long)
+        tokens = torch.zeros(B, n1, dtype=torch.long, device=dev)
         tokens[:, 0] = ctx_tokens[ar, last]
-        q = torch.zeros(B, n1, V, dtype=torch.promote_types(root_logits.dtype, torch.float32))
+        q = torch.zeros(B, n1, V, dtype=torch.promote_types(root_logits.dtype, torch.float32), device=dev)
         node_probs = {0: self.sampling.probs(root_logits)}
         node_hidden = {0: root_hidden}
         forwarded: tuple[int, ...] = ()  # levels of the pending tree entries, in cache order
@@ -178,18 +180,18 @@ class ModelDrafter:
         return tokens, q, length
 
     def observe(self, info: RoundInfo) -> None:
-        B = info.tokens.shape[0]
-        self.model.commit(torch.zeros(B, 0, dtype=torch.long), torch.zeros(B, dtype=torch.long))
+        B, dev = info.tokens.shape[0], info.tokens.device
+        self.model.commit(torch.zeros(B, 0, dtype=torch.long, device=dev), torch.zeros(B, dtype=torch.long, device=dev))
         D = info.path.shape[1]
         # new context: accepted drafts then the emitted token; features: target hidden at the
         # entry before each (root, then accepted nodes)
         acc_tokens = _gather_nodes(info.tokens, info.path.clamp(min=0))  # (B, D)
-        toks = torch.cat([acc_tokens, torch.zeros(B, 1, dtype=torch.long)], dim=1)
-        toks[torch.arange(B), info.n_accepted] = info.emitted.clamp(min=0)
+        toks = torch.cat([acc_tokens, torch.zeros(B, 1, dtype=torch.long, device=dev)], dim=1)
+        toks[torch.arange(B, device=dev), info.n_accepted] = info.emitted.clamp(min=0)
         self.ctx_tokens = toks[:, : D + 1]
         self.ctx_count = info.n_accepted + 1
         if info.target_hidden is not None:
-            prev = torch.cat([torch.zeros(B, 1, dtype=torch.long), info.path.clamp(min=0)], dim=1)
+            prev = torch.cat([torch.zeros(B, 1, dtype=torch.long, device=dev), info.path.clamp(min=0)], dim=1)
             self.ctx_feats = _gather_nodes(info.target_hidden, prev)
         else:
             self.ctx_feats = None
@@ -253,20 +255,22 @@ class JacobiDrafter:
     def begin(self, cond, batch_size, first_token, target_out, n_tokens: Optional[int] = None):
         self.root = first_token
         self.n_tokens = n_tokens
-        self.carry_tokens = torch.zeros(batch_size, self.n, dtype=torch.long)
+        dev = first_token.device
+        self.carry_tokens = torch.zeros(batch_size, self.n, dtype=torch.long, device=dev)
         self.carry_q = None
         self.noise_keys = None  # gumbel: (B,) each sample's key for its positions' noise (first propose)
         self._noise = None  # gumbel: (B, H, V) noise of positions _noise_start.. (_window_noise)
-        self._noise_start = torch.full((batch_size,), -(1 << 40), dtype=torch.long)  # none computed yet
+        self._noise_start = torch.full((batch_size,), -(1 << 40), dtype=torch.long, device=dev)  # none computed yet
         self._host_start = [-(1 << 40)] * batch_size
-        self.carry_count = torch.zeros(batch_size, dtype=torch.long)
+        self.carry_count = torch.zeros(batch_size, dtype=torch.long, device=dev)
         # spatial inits: image positions. The root is image token 0 when the target was prefilled
         # (the loop draws it from the prefill), a BOS (no position) when it was not.
-        self.n_out = torch.full((batch_size,), 0 if target_out is None else 1, dtype=torch.long)
+        self.n_out = torch.full((batch_size,), 0 if target_out is None else 1, dtype=torch.long, device=dev)
         self._n_out_bound = 0 if target_out is None else 1  # host upper bound of n_out.max()
         self._n_out0, self._emitted0 = self._n_out_bound, None  # n_out's start, and the loop's counts then
         # emitted tokens by position (vertical_repeat), the root first when it is image token 0
-        self.history = torch.zeros(batch_size, 0, dtype=torch.long) if target_out is None else first_token.view(-1, 1).clone()
+        self.history = torch.zeros(batch_size, 0, dtype=torch.long, device=dev) if target_out is None \
+            else first_token.view(-1, 1).clone()
         self.root_q = None  # sample_horizon: the distribution the root was emitted from (None: one-hot)
 
     def depth_cap(self, n_out: torch.Tensor) -> Optional[torch.Tensor]:
@@ -277,13 +281,13 @@ class JacobiDrafter:
 
     def propose(self, tree: Tree, rng, max_depth: torch.Tensor, depth_bound: Optional[int] = None,
                 emitted: Optional[list] = None):
-        B, n = self.carry_tokens.shape[0], self.n
+        B, n, dev = self.carry_tokens.shape[0], self.n, self.carry_tokens.device
         # row 0: random top-ups, row 1: next iteration's target samples, row 2 (maximal): keep
         # tests; gumbel takes the first two from its noise (and has no keep test)
         u = rng.uniform(3 if self.coupling == "maximal" else 2, n) if self.coupling != "gumbel" else None
         self._u_next = u[:, 1] if u is not None else None
         self._u_keep = u[:, 2] if self.coupling == "maximal" else None
-        slot = torch.arange(n).unsqueeze(0)
+        slot = torch.arange(n, device=dev).unsqueeze(0)
         carried = slot < self.carry_count.unsqueeze(1)
         if self.coupling == "gumbel":  # (B, n+1, V): the noise of depths 1..n+1
             self._g = self._window_noise(rng, emitted)
@@ -297,7 +301,7 @@ class JacobiDrafter:
         if self.carry_q is not None:
             q = torch.where(carried.unsqueeze(-1), self.carry_q.to(q.dtype), q)
         tokens = torch.cat([self.root.unsqueeze(1), drafts], dim=1)
-        q = torch.cat([torch.zeros(B, 1, self.V, dtype=q.dtype), q], dim=1)
+        q = torch.cat([torch.zeros(B, 1, self.V, dtype=q.dtype, device=dev), q], dim=1)
         self._drafts, self._q = drafts, q
         return tokens, q
 
@@ -312,12 +316,12 @@ class JacobiDrafter:
         position's noise is computed about once, in few large calls. Which samples need it, and
         how many rows, is known on the host from ``emitted`` (the loop's round read), so there is
         no read; with ``emitted=None`` the window is computed directly (the same values)."""
-        B, n, V = self.carry_tokens.shape[0], self.n, self.V
+        B, n, V, dev = self.carry_tokens.shape[0], self.n, self.V, self.carry_tokens.device
         if self.noise_keys is None:
             self.noise_keys = rng.keys()
-        slots = torch.arange(n + 1)
+        slots = torch.arange(n + 1, device=dev)
         if emitted is None:
-            rows = torch.arange(B).repeat_interleave(n + 1)
+            rows = torch.arange(B, device=dev).repeat_interleave(n + 1)
             u = rng.indexed(self.noise_keys[rows], (self.n_out.unsqueeze(1) + slots).flatten(), V)
             return _gumbel(u).view(B, n + 1, V)
         H = self.NOISE_WINDOWS * (n + 1)
@@ -326,7 +330,7 @@ class JacobiDrafter:
         pos = [self._n_out0 + e - e0 for e, e0 in zip(emitted, self._emitted0)]  # = self.n_out, on the host
         need = [b for b in range(B) if pos[b] + n + 1 > self._host_start[b] + H]
         if self._noise is None:
-            self._noise = torch.zeros(B, H, V, dtype=torch.float64)
+            self._noise = torch.zeros(B, H, V, dtype=torch.float64, device=dev)
         if need:  # the same samples on the device (no read): their rows first, in a static shape
             stale = self.n_out + n + 1 > self._noise_start + H
             who = torch.argsort((~stale).to(torch.int8), stable=True)[: len(need)]
@@ -335,7 +339,7 @@ class JacobiDrafter:
             N = sum(min(max(end - pos[b], 0), H) for b in need)
             sample = torch.repeat_interleave(who, count, output_size=N)
             first = torch.repeat_interleave(torch.cumsum(count, 0) - count, count, output_size=N)
-            row = torch.arange(N) - first  # row of the sample's table, position n_out + row
+            row = torch.arange(N, device=dev) - first  # row of the sample's table, position n_out + row
             self._noise[who] = 0.0
             self._noise[sample, row] = _gumbel(rng.indexed(self.noise_keys[sample], self.n_out[sample] + row, V))
             self._noise_start[who] = self.n_out[who]
@@ -349,7 +353,7 @@ class JacobiDrafter:
         """(B, n) top-up tokens of the spatial inits (the class docstring); slot k (depth k+1) holds
         image position n_out + k; ``rand`` where the init has no source (first column / row)."""
         n, W = self.n, self.width
-        k = torch.arange(n).unsqueeze(0)
+        k = torch.arange(n, device=rand.device).unsqueeze(0)
         pos = self.n_out.unsqueeze(1) + k
         if self.init == "vertical_repeat":
             out = torch.where(carried, self.carry_tokens, rand)
@@ -396,7 +400,7 @@ class JacobiDrafter:
         p = info.target_probs[:, 1 : n + 1]
         y = self._samples(p)
         # the next window (rooted at the emitted token, depth n_acc+1) takes y_{n_acc+1..n}
-        idx = (info.n_accepted.unsqueeze(1) + torch.arange(n)).clamp(max=n - 1)
+        idx = (info.n_accepted.unsqueeze(1) + torch.arange(n, device=p.device)).clamp(max=n - 1)
         self.carry_count = n - info.n_accepted
         self.carry_tokens = torch.gather(y, 1, idx)
         self.carry_q = _gather_nodes(p, idx)
@@ -414,10 +418,11 @@ class JacobiDrafter:
     def _record(self, info: RoundInfo, new: torch.Tensor) -> None:
         """The tokens (vertical_repeat) the round emitted at positions n_out.. (``new`` of them: its
         accepted drafts, then the emitted token); the root's distribution for sample_horizon."""
-        B = info.n_accepted.shape[0]
+        B, dev = info.n_accepted.shape[0], info.n_accepted.device
         if self.init == "vertical_repeat":
             D = info.path.shape[1]
-            vals = torch.cat([info.tokens.gather(1, info.path.clamp(min=0)), torch.zeros(B, 1, dtype=torch.long)], 1)
+            vals = torch.cat([info.tokens.gather(1, info.path.clamp(min=0)),
+                              torch.zeros(B, 1, dtype=torch.long, device=dev)], 1)
             vals.scatter_(1, info.n_accepted.unsqueeze(1), info.emitted.clamp(min=0).unsqueeze(1))
             # n_out grows by at most D + 1 a round: a host bound (no read); the last column is a dump
             # never written with a token this round
@@ -425,8 +430,9 @@ class JacobiDrafter:
             width = self._n_out_bound + D + 2
             if self.history.shape[1] < width:
                 width = max(width, 2 * self.history.shape[1])
-                self.history = torch.cat([self.history, torch.zeros(B, width - self.history.shape[1], dtype=torch.long)], 1)
-            cols = torch.arange(D + 1).unsqueeze(0)
+                self.history = torch.cat([self.history, torch.zeros(B, width - self.history.shape[1], dtype=torch.long,
+                                                                    device=dev)], 1)
+            cols = torch.arange(D + 1, device=dev).unsqueeze(0)
             write = cols < new.unsqueeze(1)
             where = torch.where(write, self.n_out.unsqueeze(1) + cols, self.history.shape[1] - 1)
             keep = self.history.gather(1, where)
@@ -486,7 +492,7 @@ class PACDrafter(JacobiDrafter):
             if all(r == 0 for r in p):
                 chain[len(p)] = i
         first_child = [kids[0] if kids and tree.rank[kids[0]] == 0 else -1 for kids in tree.children_list]
-        table = torch.zeros(tree.n_nodes + 1, n + 1, dtype=torch.long)
+        table = torch.zeros(tree.n_nodes + 1, n + 1, dtype=torch.long, device="cpu")  # host-built; begin moves it
         for a in range(tree.n_nodes + 1):
             node, da = a, int(tree.depth[a])
             for e in range(n + 1):
@@ -523,7 +529,7 @@ class PACDrafter(JacobiDrafter):
         m = info.n_accepted
         last = torch.where(m > 0, info.path.gather(1, (m - 1).clamp(min=0).unsqueeze(1))[:, 0], 0)
         # slot k of the next window holds depth e = m + 2 + k of this one
-        e = m.unsqueeze(1) + 2 + torch.arange(n)
+        e = m.unsqueeze(1) + 2 + torch.arange(n, device=m.device)
         parent = self.follow[last.unsqueeze(1), (e - 1).clamp(max=n)]  # (B, n): the node whose p predicts depth e
         p = _gather_nodes(info.target_probs, parent)
         # maximal coupling to the old draft at depth e (none past this window: a fresh draw)
@@ -543,7 +549,7 @@ class PACDrafter(JacobiDrafter):
             S = self.S
             base = self._sibling_base(p[:, :S], cand[:, :S])
             toks, cond = sample_without_replacement(base, self._u_sib, self.K - 1)
-            carried = (torch.arange(S).unsqueeze(0) < self.carry_count.unsqueeze(1)).view(B, S, 1, 1)
+            carried = (torch.arange(S, device=m.device).unsqueeze(0) < self.carry_count.unsqueeze(1)).view(B, S, 1, 1)
             self.sib, self.sib_q = toks, torch.where(carried, cond, 0.0)
         self._advance(info)
 

@@ -67,8 +67,9 @@ def speculative_generate(
     skips that work and leaves them NaN (to measure what it costs).
 
     The loop's state lives on the target's device (``target.device``; the CPU if it has none):
-    on another device the loop runs under ``torch.device(...)`` (factory calls allocate there),
-    with the tree and the rule moved there and the uniforms computed there. Untested on a GPU so far.
+    the tree, the rule and the uniforms are moved or computed there, and every tensor the loop
+    makes takes its device from an input tensor, never from an ambient ``torch.device`` context
+    (tests/engine/test_explicit_devices.py holds it for every method, target and mode).
     """
     dev = torch.device(getattr(target, "device", "cpu"))
     rng = rng.on(dev)  # counter-based streams computed on the target's device (coolsd.engine.decoding.rng)
@@ -77,21 +78,15 @@ def speculative_generate(
             raise ValueError("row-parallel decoding takes no bos_token, tree or rule: the first token comes from the "
                              "prefill and coolsd.engine.rows feeds the rows itself")
         run = row_parallel_generate if isinstance(drafter, RowParallel) else pjd_generate
-        with torch.device(dev):
-            return run(target, n_tokens, rng, drafter, sampling, cond, batch_size, sync, distortion)
+        return run(target, n_tokens, rng, drafter, sampling, cond, batch_size, sync, distortion)
     rule = rule.on(dev) if rule is not None else None
-    if dev.type != "cpu":
-        with torch.device(dev):
-            return _generate(target, n_tokens, rng, rule, drafter, tree.on(dev), sampling, cond, batch_size,
-                             bos_token, sync, distortion)
+    tree = (EMPTY_TREE if drafter is None else tree).on(dev)  # no drafter: plain AR, the empty tree
     return _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_size, bos_token, sync, distortion)
 
 
 def _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_size, bos_token, sync, distortion):
     if n_tokens < 1:
         raise ValueError(f"n_tokens must be >= 1, got {n_tokens}")
-    if drafter is None:
-        tree = EMPTY_TREE
     if rule is None and tree.n_nodes > 0:
         raise ValueError("a drafted tree needs an acceptance rule")
     B = batch_size
@@ -101,14 +96,14 @@ def _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_
     compiled = getattr(target, "compiled", False)
     # the round's in-place state: buf (tokens, then a dump column), dist (per-token signals, channels
     # TOKEN_SIGNALS), n_out, t_len (committed target entries after the condition), forwards, root
-    ws = _workspace(target, compiled, B, n_tokens + tree.max_depth + 2, distortion)
+    ws = _workspace(target, compiled, B, n_tokens + tree.max_depth + 2, distortion, rng.device)
     buf, dist, n_out, t_len, forwards, root, log = (ws[k] for k in ("buf", "dist", "n_out", "t_len", "forwards",
                                                                      "root", "log"))
     forwards.fill_(1 if prefill is not None else 0)
     if bos_token is None:
         if prefill is None:
             raise ValueError("a target without a condition needs bos_token")
-        _check_finite(prefill.logits[:, -1:], n_out, torch.ones(B, dtype=torch.bool))
+        _check_finite(prefill.logits[:, -1:], n_out, torch.ones(B, dtype=torch.bool, device=n_out.device))
         u0 = rng.uniform(1)[:, 0]
         p0 = sampling.probs(prefill.logits[:, -1:])  # (B, 1, V): the first token's distribution
         root.copy_(sample_inverse_cdf(p0[:, 0], u0))
@@ -185,16 +180,18 @@ def _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_
     )
 
 
-def _workspace(target, compiled: bool, B: int, width: int, distortion: bool) -> dict:
-    """The loop's state tensors, reset. Compiled loops keep them on the target, one set per (batch,
-    width, signals), marked static: the compiled round mutates them in place, and CUDA graphs
-    (``reduce-overhead``) capture a graph only if every input it mutates has a static address;
-    reused across images, the addresses never change. Eager loops allocate them per call."""
-    key = (B, width, distortion)
+def _workspace(target, compiled: bool, B: int, width: int, distortion: bool, device: torch.device) -> dict:
+    """The loop's state tensors on ``device``, reset. Compiled loops keep them on the target, one
+    set per (batch, width, signals, device), marked static: the compiled round mutates them in
+    place, and CUDA graphs (``reduce-overhead``) capture a graph only if every input it mutates has a
+    static address; reused across images, the addresses never change. Eager loops allocate them
+    per call."""
+    key = (B, width, distortion, device)
     cache = target.__dict__.setdefault("_loop_workspaces", {}) if compiled else {}
     if key not in cache:
-        long = lambda *shape: torch.zeros(*shape, dtype=torch.long)  # noqa: E731
-        cache[key] = ws = {"buf": long(B, width), "dist": torch.zeros(B, len(TOKEN_SIGNALS), width, dtype=torch.float64),
+        long = lambda *shape: torch.zeros(*shape, dtype=torch.long, device=device)  # noqa: E731
+        cache[key] = ws = {"buf": long(B, width),
+                           "dist": torch.zeros(B, len(TOKEN_SIGNALS), width, dtype=torch.float64, device=device),
                            "n_out": long(B), "t_len": long(B), "forwards": long(B), "root": long(B),
                            "log": long(B, width)}
         if compiled:
@@ -252,7 +249,7 @@ def verify_round(target, tree: Tree, rule: Rule, sampling: SamplingConfig, state
     = [any sample failed, any sample still needs tokens, each sample's tokens so far]."""
     tokens, q, u_accept, u_emit, max_depth, remaining, active = inputs
     buf, n_out, t_len, root, forwards, dist = state
-    B = tokens.shape[0]
+    B, dev = tokens.shape[0], tokens.device
     n_tokens = buf.shape[1] - tree.max_depth - 2  # buf's last columns are a dump for writes past the end
     positions = t_len.unsqueeze(1) + tree.depth.unsqueeze(0)
     step = target.forward(tokens, positions, tree.ancestors, None)
@@ -263,17 +260,18 @@ def verify_round(target, tree: Tree, rule: Rule, sampling: SamplingConfig, state
     v = verify_tree(p, q.to(p.dtype), tokens, tree, rule, u_accept, u_emit, max_depth, emit_allowed_after=remaining)
     # the root, then the accepted path; on a chain (and AR) that is the first pending entries in
     # order (node j at depth j): keep=None, nothing moves
-    keep = None if tree.max_children <= 1 else torch.cat([torch.zeros(B, 1, dtype=torch.long), v.path.clamp(min=0)], 1)
+    keep = None if tree.max_children <= 1 else \
+        torch.cat([torch.zeros(B, 1, dtype=torch.long, device=dev), v.path.clamp(min=0)], 1)
     n_keep = torch.where(active, v.n_accepted + 1, torch.zeros_like(v.n_accepted))
     target.commit(keep, n_keep)
     t_len += n_keep
     forwards += active.long()
     D = v.path.shape[1]
-    vals = torch.cat([tokens.gather(1, v.path.clamp(min=0)), torch.zeros(B, 1, dtype=torch.long)], 1)
+    vals = torch.cat([tokens.gather(1, v.path.clamp(min=0)), torch.zeros(B, 1, dtype=torch.long, device=dev)], 1)
     vals.scatter_(1, v.n_accepted.unsqueeze(1), v.emitted.clamp(min=0).unsqueeze(1))
     n_new = v.n_accepted + (v.emitted >= 0).long()
     n_new = torch.where(active, n_new, torch.zeros_like(n_new))
-    cols = torch.arange(D + 1).unsqueeze(0)
+    cols = torch.arange(D + 1, device=dev).unsqueeze(0)
     write = cols < n_new.unsqueeze(1)
     where = torch.where(write, n_out.unsqueeze(1) + cols, n_tokens + D)  # dump column
     buf.scatter_(1, where, torch.where(write, vals, 0))

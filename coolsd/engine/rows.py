@@ -102,7 +102,7 @@ def visibility(steps: list[RowStep]) -> torch.Tensor:
         pos += list(s.positions)
         it += [k] * len(s.positions)
     E = len(pos)
-    out = torch.zeros(E, E, dtype=torch.bool)
+    out = torch.zeros(E, E, dtype=torch.bool, device="cpu")  # a host-side statement of the rule
     for e in range(E):
         for f in range(E):
             if it[f] == it[e]:
@@ -156,18 +156,19 @@ def row_parallel_generate(target, n_tokens: int, rng, rows: RowParallel, samplin
         raise ValueError(f"row-parallel decoding needs a target whose forward takes by_position=True; "
                          f"{type(target).__name__} has none (toy, llamagen_xl, janus_pro, janus_pro_7b)")
     steps = rows.schedule(n_tokens)
-    B = batch_size
+    B, dev = batch_size, rng.device  # the target's device (speculative_generate moved the streams there)
     # every forward's index and mask tensors, made once: a round makes no tensor from Python data and
     # reads the host once (the finite check), as the one loop's rounds (docs/gpu.md)
     S, M = len(steps), max(len(s.fed) for s in steps)
     pad = lambda xs, v=0: list(xs) + [v] * (M - len(xs))  # noqa: E731
     outs = [[i for i, j in enumerate(s.sample) if j >= 0] for s in steps]
     table = torch.tensor([[pad(s.fed), pad(s.positions), pad(o), pad([s.sample[i] for i in o])]
-                          for s, o in zip(steps, outs)])  # (S, 4, M): one tensor for the whole schedule
-    masks = torch.tensor([[pad([b <= a for b in s.positions], False) for a in pad(s.positions)] for s in steps])
-    ms = torch.tensor([len(s.fed) for s in steps]).unsqueeze(1).expand(S, B)
+                          for s, o in zip(steps, outs)], device=dev)  # (S, 4, M): one tensor for the whole schedule
+    masks = torch.tensor([[pad([b <= a for b in s.positions], False) for a in pad(s.positions)] for s in steps],
+                         device=dev)
+    ms = torch.tensor([len(s.fed) for s in steps], device=dev).unsqueeze(1).expand(S, B)
     firsts = table[:, 3, :1].expand(S, B)
-    ar = torch.arange(M).expand(B, M)
+    ar = torch.arange(M, device=dev).expand(B, M)
     plan = [(table[k, 0, :m], table[k, 1, :m].expand(B, m), masks[k, :m, :m], ar[:, :m], ms[k],
              table[k, 2, :len(o)], table[k, 3, :len(o)], firsts[k])
             for k, (m, o) in enumerate((len(s.fed), o) for s, o in zip(steps, outs))]
@@ -176,10 +177,10 @@ def row_parallel_generate(target, n_tokens: int, rng, rows: RowParallel, samplin
     prefill = target.begin(cond, B)
     if prefill is None:
         raise ValueError("row-parallel decoding needs a conditioned target (the first token comes from the prefill)")
-    buf = torch.zeros(B, n_tokens, dtype=torch.long)
-    q = torch.zeros(B, n_tokens, target.vocab_size, dtype=torch.float64) if distortion else None
-    everyone = torch.ones(B, dtype=torch.bool)
-    _check_finite(prefill.logits[:, -1:], torch.zeros(B, dtype=torch.long), everyone)
+    buf = torch.zeros(B, n_tokens, dtype=torch.long, device=dev)
+    q = torch.zeros(B, n_tokens, target.vocab_size, dtype=torch.float64, device=dev) if distortion else None
+    everyone = torch.ones(B, dtype=torch.bool, device=dev)
+    _check_finite(prefill.logits[:, -1:], torch.zeros(B, dtype=torch.long, device=dev), everyone)
     p0 = sampling.probs(prefill.logits[:, -1:])[:, 0]
     buf[:, 0] = sample_inverse_cdf(p0, rng.uniform(1)[:, 0])
     if distortion:
@@ -207,7 +208,7 @@ def _result(target, cond, buf, sampling, sync, t0: float, lengths: list, forward
     sync()
     seconds = time.perf_counter() - t0
     B, N = buf.shape
-    dist = torch.full((B, len(TOKEN_SIGNALS), N), float("nan"), dtype=torch.float64)
+    dist = torch.full((B, len(TOKEN_SIGNALS), N), float("nan"), dtype=torch.float64, device=buf.device)
     extra = {}
     if distortion:
         t1 = time.perf_counter()
@@ -224,12 +225,13 @@ def teacher_forced_logits(target, cond, tokens: torch.Tensor) -> torch.Tensor:
     """(B, N, V): the target's logits for every image token given the whole raster prefix (one
     prefill and one causal forward over tokens[:, :-1])."""
     B, N = tokens.shape
+    dev = tokens.device
     first = target.begin(cond, B).logits[:, -1:]
     if N == 1:
         return first
-    ar = torch.ones(N - 1, N - 1, dtype=torch.bool).tril()
-    rest = target.forward(tokens[:, :-1], torch.arange(N - 1).expand(B, -1), ar).logits
-    target.commit(None, torch.zeros(B, dtype=torch.long))
+    ar = torch.ones(N - 1, N - 1, dtype=torch.bool, device=dev).tril()
+    rest = target.forward(tokens[:, :-1], torch.arange(N - 1, device=dev).expand(B, -1), ar).logits
+    target.commit(None, torch.zeros(B, dtype=torch.long, device=dev))
     return torch.cat([first, rest.to(first.dtype)], 1)
 
 
@@ -323,8 +325,8 @@ def pjd_verify_row(ps, drafts, u_accept, u_resid, u_sample, top: bool, keep_abov
     samples = [int(sample_inverse_cdf(ps[j], u_sample[j])) for j in range(v)]
     committed, nxt, rejected, residual = [], [], False, None
     for j, (d, q) in enumerate(drafts, 1):
-        qv = q if q is not None else torch.zeros_like(ps[0]).index_fill_(0, torch.tensor(d), 1.0)
-        f, resid = rule.step(ps[j - 1].unsqueeze(0), qv.unsqueeze(0), torch.tensor([d]), 1)
+        qv = q if q is not None else torch.zeros_like(ps[0]).index_fill_(0, torch.tensor(d, device=ps.device), 1.0)
+        f, resid = rule.step(ps[j - 1].unsqueeze(0), qv.unsqueeze(0), torch.tensor([d], device=ps.device), 1)
         f = float(f)
         if not rejected and float(u_accept[j - 1]) < f:
             committed.append(d)
@@ -359,7 +361,7 @@ def pjd_generate(target, n_tokens: int, rng, pjd: PJDRows, sampling, cond, batch
     W = pjd.grid_width
     if n_tokens % W:
         raise ValueError(f"pjd needs whole rows: {n_tokens} image tokens is not a multiple of the grid width {W}")
-    H, B, rule = n_tokens // W, batch_size, ExactRule()
+    H, B, rule, dev = n_tokens // W, batch_size, ExactRule(), rng.device
     lo, hi = pjd.token_range
     cap = 1 + H * pjd.window  # the most inputs a sample feeds a forward (an extra token, every row's window)
     sync()
@@ -367,9 +369,9 @@ def pjd_generate(target, n_tokens: int, rng, pjd: PJDRows, sampling, cond, batch
     prefill = target.begin(cond, B)
     if prefill is None:
         raise ValueError("PJD needs a conditioned target (the first token comes from the prefill)")
-    buf = torch.zeros(B, n_tokens, dtype=torch.long)
-    n_out = torch.zeros(B, dtype=torch.long)
-    _check_finite(prefill.logits[:, -1:], n_out, torch.ones(B, dtype=torch.bool))
+    buf = torch.zeros(B, n_tokens, dtype=torch.long, device=dev)
+    n_out = torch.zeros(B, dtype=torch.long, device=dev)
+    _check_finite(prefill.logits[:, -1:], n_out, torch.ones(B, dtype=torch.bool, device=dev))
     p0 = sampling.probs(prefill.logits[:, -1:])[:, 0]
     buf[:, 0] = sample_inverse_cdf(p0, rng.uniform(1)[:, 0]).to(buf.device)
     n = [[1] + [0] * (H - 1) for _ in range(B)]  # committed tokens per row
@@ -407,9 +409,10 @@ def pjd_generate(target, n_tokens: int, rng, pjd: PJDRows, sampling, cond, batch
         m = max(len(p) for p in plans)
         if m == 0:
             break
-        tokens = torch.zeros(B, m, dtype=torch.long)
-        positions = torch.full((B, m), -1, dtype=torch.long)
-        attend = torch.zeros(B, m, m, dtype=torch.bool)
+        # the forward's inputs are filled entry by entry on the host, then moved in one copy each
+        tokens = torch.zeros(B, m, dtype=torch.long, device="cpu")
+        positions = torch.full((B, m), -1, dtype=torch.long, device="cpu")
+        attend = torch.zeros(B, m, m, dtype=torch.bool, device="cpu")
         for b, plan in enumerate(plans):
             for i, (kind, row, j, tok, pos) in enumerate(plan):
                 tokens[b, i], positions[b, i] = tok, pos
@@ -419,12 +422,12 @@ def pjd_generate(target, n_tokens: int, rng, pjd: PJDRows, sampling, cond, batch
                     attend[b, i, i2] = pos2 <= pos and (row2 is row or kind2 != "draft")
             for i in range(len(plan), m):
                 positions[b, i] = n_tokens + 1  # padding: after every real entry, seen by nobody, never kept
-        out = target.forward(tokens, positions, attend, by_position=True)
-        live = torch.tensor([bool(p) for p in plans])
-        _check_finite(out.logits, torch.tensor([sum(r) for r in n]), live)
+        out = target.forward(tokens.to(dev), positions.to(dev), attend.to(dev), by_position=True)
+        live = torch.tensor([bool(p) for p in plans], device=dev)
+        _check_finite(out.logits, torch.tensor([sum(r) for r in n], device=dev), live)
         probs = sampling.probs(out.logits).double().cpu()
-        keep = torch.zeros(B, m, dtype=torch.long)
-        n_keep = torch.zeros(B, dtype=torch.long)
+        keep = torch.zeros(B, m, dtype=torch.long, device="cpu")  # filled on the host, moved once
+        n_keep = torch.zeros(B, dtype=torch.long, device="cpu")
         for b, plan in enumerate(plans):
             if not plan:
                 continue
@@ -467,9 +470,9 @@ def pjd_generate(target, n_tokens: int, rng, pjd: PJDRows, sampling, cond, batch
                 finished[b] = done.r if done.r + 1 < H else None
                 if rows[b]:
                     rows[b][0].v = min(W - n[b][rows[b][0].r], pjd.window)
-            keep[b, : len(kept)] = torch.tensor(kept, dtype=torch.long)
+            keep[b, : len(kept)] = torch.tensor(kept, dtype=torch.long, device="cpu")
             n_keep[b] = len(kept)
             lengths[b].append(drawn)
-        target.commit(keep, n_keep)
+        target.commit(keep.to(dev), n_keep.to(dev))
     # TV, KL and E[NLL] have no closed form here (docs/methods.md section 8.2): q unknown
     return _result(target, cond, host.to(buf.device), sampling, sync, t0, lengths, forwards, distortion)

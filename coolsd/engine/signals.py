@@ -118,20 +118,20 @@ def round_signals(logits, p, q, path, n_accepted, vals, tree: Tree, rule: Rule, 
     Few, batched ops: at batch 1 on a small target their count, not their size, is the cost.
     ``choices`` (B, D): the round's ``Verdict.choices`` (a rule that chooses per node), or None."""
     B, D = path.shape
-    V = p.shape[-1]
-    parent = torch.cat([torch.zeros(B, 1, dtype=torch.long), path.clamp(min=0)], 1)  # (B, D+1)
+    V, dev = p.shape[-1], p.device
+    parent = torch.cat([torch.zeros(B, 1, dtype=torch.long, device=dev), path.clamp(min=0)], 1)  # (B, D+1)
     # positions past the round's tokens (never written) may hold the BOS id
     at = parent * V + vals.clamp(max=V - 1)
     logp = target_log_probs(logits, sampling)  # (B, n+1, V) at every node
     nll = -logp.flatten(1).gather(1, at)
     off = p.flatten(1).gather(1, at) <= 0  # p(x) at the parent node
-    depth = torch.arange(1, D + 2).unsqueeze(0)
+    depth = torch.arange(1, D + 2, device=dev).unsqueeze(0)
     verified = depth <= max_depth.unsqueeze(1)  # (B, D+1)
     drawn = expected_nll(p, logp)  # (B, n+1): E[-log p(x)] for a token drawn from p at each node
     if tree.n_nodes == 0 or lossless(rule, D):  # pi = p at the emitting node: distortion 0, E[NLL] that of p
         # at the parent (AR: the root only; a tree's siblings change nothing: recursive rejection is exact,
         # docs/methods.md#13-verification-at-one-tree-depth-d)
-        tv_kl, xnll = torch.zeros(B, 2, D + 1, dtype=dtype), drawn.gather(1, parent)
+        tv_kl, xnll = torch.zeros(B, 2, D + 1, dtype=dtype, device=dev), drawn.gather(1, parent)
     elif tree.max_children == 1:  # chain: exact per depth (docs/distortion.md), at the depths the round emitted
         need = (verified & (depth <= n_accepted.unsqueeze(1) + 1))[:, :D]
         d = chain_distortion(rule, p, q, D, need, logp, choices)
@@ -139,7 +139,7 @@ def round_signals(logits, p, q, path, n_accepted, vals, tree: Tree, rule: Rule, 
         tv_kl = torch.where(verified.unsqueeze(1), per_depth[:, :2], 0).to(dtype)
         xnll = torch.where(verified, per_depth[:, 2], drawn[:, : D + 1])
     else:  # siblings drawn without replacement: no closed form (docs/distortion.md); a draw from p has one
-        tv_kl = torch.full((B, 2, D + 1), float("nan"), dtype=dtype)
+        tv_kl = torch.full((B, 2, D + 1), float("nan"), dtype=dtype, device=dev)
         xnll = torch.where(verified, float("nan"), drawn.gather(1, parent))
     rest = torch.stack([nll, xnll, off.to(nll.dtype), torch.where(verified, depth, 0).to(nll.dtype)], 1)
     return torch.cat([tv_kl, rest.to(dtype)], 1)
@@ -160,6 +160,8 @@ def teacher_forced_probs(target: ARModel, tokens: torch.Tensor, cond: Any, sampl
     p0 = sampling.probs(prefill.logits[:, -1:])
     if N == 1:
         return p0
-    positions = torch.arange(N - 1).unsqueeze(0).expand(B, N - 1)
-    step = target.forward(tokens[:, : N - 1], positions, torch.ones(N - 1, N - 1, dtype=torch.bool).tril(), None)
+    dev = tokens.device
+    positions = torch.arange(N - 1, device=dev).unsqueeze(0).expand(B, N - 1)
+    causal = torch.ones(N - 1, N - 1, dtype=torch.bool, device=dev).tril()
+    step = target.forward(tokens[:, : N - 1], positions, causal, None)
     return torch.cat([p0, sampling.probs(step.logits).to(p0.dtype)], 1)

@@ -301,7 +301,7 @@ class JanusTarget:
             raise ValueError(f"cond must be {batch_size} prompt-id sequences, got {type(cond).__name__}")
         prompts = []
         for p in cond:
-            ids = torch.as_tensor(p, dtype=torch.long).flatten().tolist()
+            ids = torch.as_tensor(p, dtype=torch.long, device="cpu").flatten().tolist()
             if not ids or min(ids) < 0 or max(ids) >= self.text_vocab:
                 raise ValueError(f"prompt ids must be a non-empty sequence of ids in [0, {self.text_vocab})")
             if ids[-1] != self.tokens.boi:

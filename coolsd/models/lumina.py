@@ -251,7 +251,7 @@ class LuminaTarget(RowEndTarget):
         V = model.config.vocab_size
         prompts = []
         for p in cond:
-            ids = torch.as_tensor(p, dtype=torch.long).flatten().tolist()
+            ids = torch.as_tensor(p, dtype=torch.long, device="cpu").flatten().tolist()
             if not ids or min(ids) < 0 or max(ids) >= V:
                 raise ValueError(f"prompt ids must be a non-empty sequence of ids in [0, {V})")
             prompts.append(ids)
@@ -263,7 +263,7 @@ class LuminaTarget(RowEndTarget):
         rows = [p + prefix for p in prompts] + ([prefix] * batch_size if self.guided else [])
         n = len(rows)
         lens = torch.tensor([len(r) for r in rows], device=dev)
-        L = int(lens.max())
+        L = max(len(r) for r in rows)  # host-known: no read of ``lens``
         ids = torch.zeros(n, L, dtype=torch.long, device=dev)  # right padded; pads never seen
         for b, r in enumerate(rows):
             ids[b, : len(r)] = torch.tensor(r, device=dev)

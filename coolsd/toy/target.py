@@ -34,17 +34,17 @@ class CaptionEncoder(nn.Module):
 
     def ids(self, captions: list[str]) -> torch.Tensor:
         """(B, max_len) word ids, LEFT padded with 0 (valid words at the end, as LlamaGen)."""
-        out = torch.zeros(len(captions), self.max_len, dtype=torch.long)
+        out = torch.zeros(len(captions), self.max_len, dtype=torch.long, device="cpu")  # host-side; encode moves it
         for b, c in enumerate(captions):
             w = tokenize(c)
-            out[b, self.max_len - len(w) :] = torch.tensor(w, dtype=torch.long)
+            out[b, self.max_len - len(w) :] = torch.tensor(w, dtype=torch.long, device="cpu")
         return out
 
     def forward(self, ids: torch.Tensor) -> dict:
         mask = ids != 0
         # word position k counts from the first valid word
         first = (~mask).sum(1, keepdim=True)
-        pos = (torch.arange(self.max_len).unsqueeze(0) - first).clamp(min=0)
+        pos = (torch.arange(self.max_len, device=ids.device).unsqueeze(0) - first).clamp(min=0)
         x = self.embed(ids) + self.pos[pos]
         x = self.layer(x, src_key_padding_mask=~mask)
         x = self.norm(x) * mask.unsqueeze(-1)

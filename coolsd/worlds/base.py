@@ -289,17 +289,19 @@ class DiscreteWorld(World):
         return build_method(name, family=self.family, tree=tree, draft_length=draft_length, neighbours=self.neighbours,
                             **params)
 
-    def generate_tokens(self, method, prompts: list, seeds: list[int]) -> tuple[Any, Any]:
+    def generate_tokens(self, method, prompts: list, seeds: list[int], n_tokens: Optional[int] = None
+                        ) -> tuple[Any, Any]:
         """(``GenerationResult``, the batch's condition): one batch through the loop, the way every
         run of this world decodes (``generate``; also benchmarks/exactness.py, which rescores the
-        tokens under the same condition)."""
+        tokens under the same condition). ``n_tokens``: the tokens each image's run emits (None:
+        the whole image; fewer: the first tokens only, as the device tests run it)."""
         target = self.target
         drafter = build_drafter(method, self.drafter() if method.drafter == "model" else None, self.sampling,
                                 target.vocab_size, grid_width=grid_width(target))
         with torch.no_grad():
             cond = per_sample(self.encode, [p.caption for p in prompts])
             res = speculative_generate(
-                target, target.n_image_tokens, PerSampleRNG(list(seeds)), rule=method.rule, drafter=drafter,
+                target, n_tokens or target.n_image_tokens, PerSampleRNG(list(seeds)), rule=method.rule, drafter=drafter,
                 tree=method.tree, sampling=self.sampling, cond=cond, batch_size=len(seeds),
                 sync=device_sync(self.device), distortion=self.signals)
         return res, cond

@@ -156,6 +156,7 @@ class _Streams:
     min_block = 256  # ... and at least this many per stream (more when one call asks for more)
 
     def __init__(self, keys: Sequence[int], device=None):
+        device = torch.device("cpu") if device is None else torch.device(device)  # ``to`` moves them
         keys = [int(k) for k in keys]
         if any(k < 0 or k >= 1 << 63 for k in keys):
             raise ValueError("RNG seeds must lie in [0, 2^63)")

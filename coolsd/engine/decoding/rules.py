@@ -364,7 +364,8 @@ class GroupRule(Rule):
 
 
 # the relaxations a budgeted node chooses among: omega = 1 (exact) first, then log-spaced up to 64
-BUDGET_OMEGAS = torch.cat([torch.ones(1, dtype=torch.float64), torch.logspace(0.05, 1.8, 35, dtype=torch.float64)])
+BUDGET_OMEGAS = torch.cat([torch.ones(1, dtype=torch.float64, device="cpu"),
+                           torch.logspace(0.05, 1.8, 35, dtype=torch.float64, device="cpu")])
 PRICE_RANGE = (1e-4, 1e6)  # where a tuned price stays
 # eager CPU code chooses for at most this many (rows x candidates x V) elements at a time, in
 # buffers reused from call to call (``BudgetRule._workspace``): 8 MiB each in float32
@@ -477,7 +478,7 @@ class BudgetRule(Rule):
         per call, 2.6 to 2.9 ms reused)."""
         work = self.__dict__.get("_work")
         if work is None or work[0].shape[0] < n or work[0].shape[1:] != (K, V) or work[0].dtype != dtype:
-            self._work = work = tuple(torch.empty(n, K, V, dtype=dtype) for _ in range(2))
+            self._work = work = tuple(torch.empty(n, K, V, dtype=dtype, device="cpu") for _ in range(2))
         return work
 
     def _choose_kl(self, p_res, t, norm, bufs: Optional[tuple] = None) -> torch.Tensor:

@@ -37,9 +37,9 @@ def omega_schedule(
     if int(length) < 1:
         raise ValueError(f"draft length must be >= 1, got {length!r}")
     L, delta, nu = int(length), float(delta), float(nu)
-    d = torch.arange(1, L + 1, dtype=torch.float64)
+    d = torch.arange(1, L + 1, dtype=torch.float64, device="cpu")  # a rule's table, moved by ``Rule.on``
     if schedule == "uniform":
-        return torch.full((L,), delta, dtype=torch.float64)
+        return torch.full((L,), delta, dtype=torch.float64, device="cpu")
     if schedule in ("exp", "exp_geomean"):
         norm = "geomean" if schedule == "exp_geomean" else normalize
         if norm not in EXP_NORMALIZATIONS:

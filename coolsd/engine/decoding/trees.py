@@ -106,8 +106,9 @@ class Tree:
         once per (tree, device), so no round builds an index tensor from a list."""
         masks = self.__dict__.setdefault("_drafting_masks", {})
         if (d, levels) not in masks:
-            cols = torch.tensor([c for level in levels for c in self.levels[level]], dtype=torch.long)
-            masks[(d, levels)] = self.ancestors[self.level_slices[d]][:, cols.to(self.ancestors.device)]
+            cols = torch.tensor([c for level in levels for c in self.levels[level]], dtype=torch.long,
+                                device=self.ancestors.device)
+            masks[(d, levels)] = self.ancestors[self.level_slices[d]][:, cols]
         return masks[(d, levels)]
 
     @functools.cached_property
@@ -150,11 +151,13 @@ def build_tree(paths: Sequence[Sequence[int]], name: str = "custom") -> Tree:
 
 
 def _compile(name: str, ps: tuple[tuple[int, ...], ...]) -> Tree:
+    """The tree's index tensors, built on the host (``Tree.on`` moves them to a device)."""
     n = len(ps)
     index = {(): 0, **{p: i + 1 for i, p in enumerate(ps)}}
-    parent = torch.full((n + 1,), -1, dtype=torch.long)
-    depth = torch.zeros(n + 1, dtype=torch.long)
-    rank = torch.zeros(n + 1, dtype=torch.long)
+    host = torch.device("cpu")
+    parent = torch.full((n + 1,), -1, dtype=torch.long, device=host)
+    depth = torch.zeros(n + 1, dtype=torch.long, device=host)
+    rank = torch.zeros(n + 1, dtype=torch.long, device=host)
     kids: list[list[int]] = [[] for _ in range(n + 1)]
     for p, i in index.items():
         if not p:
@@ -164,11 +167,11 @@ def _compile(name: str, ps: tuple[tuple[int, ...], ...]) -> Tree:
         rank[i] = p[-1]
         kids[index[p[:-1]]].append((p[-1], i))
     width = max([len(k) for k in kids] + [1])
-    children = torch.full((n + 1, width), -1, dtype=torch.long)
+    children = torch.full((n + 1, width), -1, dtype=torch.long, device=host)
     for i, k in enumerate(kids):
         for r, (_, c) in enumerate(sorted(k)):
             children[i, r] = c
-    ancestors = torch.zeros(n + 1, n + 1, dtype=torch.bool)
+    ancestors = torch.zeros(n + 1, n + 1, dtype=torch.bool, device=host)
     for i in range(n + 1):
         j = i
         while j >= 0:

@@ -46,13 +46,14 @@ def verify_tree(
     many drafts were accepted (room left in the sequence); default: always.
     """
     B, _, V = p.shape
-    ar = torch.arange(B)
-    node = torch.zeros(B, dtype=torch.long)
+    dev = p.device
+    ar = torch.arange(B, device=dev)
+    node = torch.zeros(B, dtype=torch.long, device=dev)
     p_res = p[:, 0]
     searching = max_depth > 0
-    n_acc = torch.zeros(B, dtype=torch.long)
+    n_acc = torch.zeros(B, dtype=torch.long, device=dev)
     D = tree.max_depth
-    path = torch.full((B, max(D, 1)), -1, dtype=torch.long)
+    path = torch.full((B, max(D, 1)), -1, dtype=torch.long, device=dev)
     # a rule that chooses each node's relaxation from the node's (p_res, q) (``Rule.chooses``)
     # chooses a chain's nodes in one call: on a chain a live sample's p_res at depth d is p at
     # node d - 1 and its draft is node d (node j at depth j); elsewhere sibling by sibling
@@ -62,7 +63,7 @@ def verify_tree(
     # depth above has (host-known from the static tree), dead samples masked (the round's one host
     # read is the loop's)
     for d in range(1, D + 1):
-        found = torch.zeros(B, dtype=torch.bool)
+        found = torch.zeros(B, dtype=torch.bool, device=dev)
         chosen = node.clone()
         for r in range(tree.level_max_children[d - 1]):
             child = tree.children[node, r]

@@ -310,7 +310,7 @@ class LuminaEagleDrafter:
             for b, d in enumerate(self._alone):
                 d.begin(cond[b : b + 1], 1, StepOut(logits=context.logits[b : b + 1], hidden=context.hidden[b : b + 1]))
             return None
-        prompts = [torch.as_tensor(p, dtype=torch.long).flatten().tolist() for p in cond]
+        prompts = [torch.as_tensor(p, dtype=torch.long, device="cpu").flatten().tolist() for p in cond]
         if len(prompts) != batch_size:
             raise ValueError(f"cond must be {batch_size} prompt-id sequences")
         t = self.tokens
@@ -325,7 +325,7 @@ class LuminaEagleDrafter:
         rows = [s[1:] for s in seqs] + ([struct[1:]] * batch_size if self.guided else [])
         n = len(rows)
         lens = torch.tensor([len(r) for r in rows], device=dev)
-        E = int(lens.max())
+        E = max(len(r) for r in rows)  # host-known: no read of ``lens``
         ids = torch.zeros(n, E, dtype=torch.long, device=dev)
         x = torch.zeros(n, E, feats.shape[-1], dtype=self.head.dtype, device=dev)
         for b, r in enumerate(rows):

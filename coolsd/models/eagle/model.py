@@ -413,13 +413,13 @@ class EagleDrafter:
         if self.text_prefix and hidden is not None and hidden.shape[1] > 1:
             feats, halves = self._split(hidden[:, :-1])
             self._ensure_cache(halves, prefix=feats.shape[1])
-            P = feats.shape[1]
-            tokens = torch.zeros(feats.shape[0], P, dtype=torch.long)
-            positions = torch.full((feats.shape[0], P), -1, dtype=torch.long)
-            causal = torch.ones(P, P, dtype=torch.bool).tril()
+            P, dev = feats.shape[1], feats.device
+            tokens = torch.zeros(feats.shape[0], P, dtype=torch.long, device=dev)
+            positions = torch.full((feats.shape[0], P), -1, dtype=torch.long, device=dev)
+            causal = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
             self.head(tokens, feats, positions, causal, self.cache)
             n = feats.shape[0]
-            self.cache.commit(None, torch.full((n,), P, dtype=torch.long))
+            self.cache.commit(None, torch.full((n,), P, dtype=torch.long, device=dev))
         elif hidden is not None:  # the cache is ready before the first forward (compiled forwards never build one)
             self._ensure_cache(self._halves_of(hidden))
         return None
