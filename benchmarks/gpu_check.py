@@ -13,7 +13,10 @@ and peak memory into ``<out>.json`` and ``<out>.md``.
     python benchmarks/gpu_check.py --targets llamagen --modes eager --methods ar,eagle
     python benchmarks/gpu_check.py --budget-s 300           # stop adding runs after 300 s (skips recorded)
 
-Order of work (a budget cut drops the tail): AR and EAGLE eagerly on both targets, AR compiled and
+Every run decodes the first ``--tokens`` tokens (default 128, whole rows) of one image; an eager
+run is preceded by an untimed short run of its own method, and each target's first eager run by an
+untimed AR run of the whole length (the first H200 run timed first uses 2-8x slower than later
+ones). Order of work (a budget cut drops the tail): AR and EAGLE eagerly on both targets, AR compiled and
 MAR's pair first; then the other methods eagerly; then EAGLE compiled; then the other methods compiled. Each run's failure is
 caught and recorded; the script exits non-zero with one line listing the failed assertions, after
 writing the results. Host reads are counted by ``coolsd.engine.host_reads`` in extra runs (eager: the
@@ -33,7 +36,6 @@ import importlib.util
 import inspect
 import json
 import math
-import subprocess
 import sys
 import time
 import traceback
@@ -56,6 +58,7 @@ from coolsd.engine.loop import speculative_generate  # noqa: E402
 from coolsd.engine.methods import build_method  # noqa: E402
 from coolsd.engine.methods.registry import method_names  # noqa: E402
 from coolsd.engine.timing import device_sync, hardware_name  # noqa: E402
+from coolsd.util.fingerprint import code_commit  # noqa: E402
 
 
 def _load_gpu_benchmark():
@@ -81,6 +84,10 @@ MIN_EXTRA_ROUNDS = 5  # fewer extra rounds cannot tell a per-round cost from set
 OCCASIONAL_READS = 2
 FIRST = ("ar", "eagle")  # run first (eagerly) on every target: what a budget cut keeps
 CFG_SCALE = 3.0
+# an eager run's untimed warm-up of its own method: on the first H200 run (torch 2.11), the first
+# timed run of a drafted method cost 4-8x its later rounds (EAGLE 325 ms a round, COOL-SD with the
+# same drafter and tree 65 ms), so every eager method runs this many tokens first
+WARMUP_TOKENS = 16
 
 
 def discrete_methods() -> list[str]:
@@ -306,13 +313,17 @@ def generate(ck: Check, spec: Discrete, method, compile: bool, n: int):
                                     distortion=not ck.a.no_signals)
 
 
+def whole_rows(spec: Discrete, tokens: int) -> int:
+    """At most ``tokens`` tokens of the spec's run (at least one row), in whole image rows."""
+    return max(1, min(spec.n_tokens, tokens) // spec.grid_width) * spec.grid_width
+
+
 def capped(spec, tokens: Optional[int]):
-    """A discrete target's spec decoding at most ``tokens`` tokens a run, whole image rows (at least
-    one): the first rows of its image (``--tokens``)."""
+    """A discrete target's spec decoding at most ``tokens`` tokens a run, whole image rows: the
+    first rows of its image (``--tokens``)."""
     if tokens is None or not isinstance(spec, Discrete):
         return spec
-    rows = max(1, min(spec.n_tokens, tokens) // spec.grid_width)
-    return dataclasses.replace(spec, n_tokens=rows * spec.grid_width)
+    return dataclasses.replace(spec, n_tokens=whole_rows(spec, tokens))
 
 
 def build(spec: Discrete, name: str, a):
@@ -336,6 +347,8 @@ def discrete_run(ck: Check, spec: Discrete, mode: str, name: str) -> dict:
         generate(ck, spec, method, True, N)
         row["compile_s"] = time.perf_counter() - t0
         row["graphs_compiled_in_warmup"] = compile_count() - n0
+    else:  # the method's own first launches, allocations and shapes (its drafter's, its rule's): untimed
+        generate(ck, spec, method, False, whole_rows(spec, WARMUP_TOKENS))
     n1 = compile_count()
     res = generate(ck, spec, method, compile, N)
     row["graphs_compiled_after_warmup"] = compile_count() - n1 if compile else None
@@ -377,7 +390,7 @@ def count_reads(ck: Check, spec: Discrete, method, compile: bool) -> dict:
                 "reads_where": sorted({w for _, w in reads.where})[:40]}
     half = min(N // 2, ck.a.count_tokens)
     if method.drafter in ROWS_AFTER:  # row-parallel schedules decode whole image rows
-        half = max(spec.grid_width, half // spec.grid_width * spec.grid_width)
+        half = whole_rows(spec, half)
     got = []
     for n in (half, 2 * half):
         with counted(ck.dev, False) as (reads, box):
@@ -479,9 +492,11 @@ def parse(argv):
     ap.add_argument("--draft-length", type=int, default=None, help="the chain's length (default 4; --tiny: 3)")
     ap.add_argument("--lumina-layers", type=int, default=8, help="Chameleon-7B layers kept (of 32)")
     ap.add_argument("--mar-steps", type=int, default=100, help="MAR's diffusion head steps (MAR's evaluation: 100)")
-    ap.add_argument("--tokens", type=int, default=None,
-                    help="tokens a run decodes at most, in whole image rows (default: the whole image); the "
-                         "per-token and per-round costs are what the check measures")
+    ap.add_argument("--tokens", type=int, default=128,
+                    help="tokens a run decodes at most, in whole image rows (default 128: the first 8 rows of "
+                         "LlamaGen-XL's 16 x 16, 2 of Lumina-mGPT's 48-wide rows); the per-token and per-round "
+                         "costs are what the check measures, and whole 2,304-token Lumina images would not fit "
+                         "the budget")
     ap.add_argument("--count-tokens", type=int, default=48,
                     help="eager host reads: the rounds of a 2a-token run over an a-token one (a <= half the image)")
     ap.add_argument("--budget-s", type=float, default=420.0, help="no new run once past this (skips recorded)")
@@ -526,15 +541,6 @@ def parse(argv):
     return a, dev
 
 
-def commit() -> Optional[str]:
-    try:
-        sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return (sha + ("+dirty" if dirty else "")) if sha else None
 
 
 def tier(mode: str, method: str) -> int:
@@ -575,7 +581,7 @@ def _check(a, dev) -> dict:
     ck = Check(a, dev, dtype)
     gpu = hardware_name(dev)
     bw = a.bandwidth_gbs or (bandwidth_of(gpu) if dev.type == "cuda" else None)
-    out: dict = {"device": gpu, "device_type": dev.type, "torch": torch.__version__, "commit": commit(),
+    out: dict = {"device": gpu, "device_type": dev.type, "torch": torch.__version__, "commit": code_commit(ROOT),
                  "dtype": a.dtype, "tiny": a.tiny, "bandwidth_gbs": bw, "tree": a.tree, "tokens_cap": a.tokens,
                  "draft_length": a.draft_length if a.tree == "chain" else None, "budget_s": a.budget_s,
                  "quality_signals": not a.no_signals, "count_tokens": a.count_tokens,
@@ -625,8 +631,9 @@ def _check(a, dev) -> dict:
             if tname == "mar":
                 row = mar_run(ck, spec, name)
             else:
-                if key not in warm and mode == "eager":  # first launches, allocator, kernels' autotuning: untimed
-                    generate(ck, spec, build(spec, "ar", a), False, min(8, spec.n_tokens))
+                if key not in warm and mode == "eager":  # first launches, allocator, kernels' autotuning: untimed,
+                    # over the whole run length (an eager KV cache meets every attention length once)
+                    generate(ck, spec, build(spec, "ar", a), False, spec.n_tokens)
                     warm.add(key)
                 row = discrete_run(ck, spec, mode, name)
                 check_row(ck, tname, row)

@@ -111,8 +111,14 @@ class ModelDrafter:
         u = rng.uniform(max(len(tree.expanded_nodes), 1), max(tree.max_children, 1))
         bound = int(max_depth.max()) if depth_bound is None else depth_bound
         depth = tree.max_depth if self.compiled else min(tree.max_depth, bound)
-        tokens, q, self.length = self._expand_fn(tree, u, depth, self.ctx_tokens, self.ctx_feats, self.ctx_count,
-                                                 self.length)
+        masks = tree.drafting_masks(depth)  # made once per (tree, device, depth), outside any compiled call
+        if self.compiled:  # inputs of the compiled expansion: static addresses, as CUDA graphs need
+            from torch._dynamo import mark_static_address
+
+            for m in masks:
+                mark_static_address(m)
+        tokens, q, self.length = self._expand_fn(tree, u, depth, masks, self.ctx_tokens, self.ctx_feats,
+                                                 self.ctx_count, self.length)
         self.forwards += 1 + len(tree.forwarded_levels(depth))
         return tokens, q
 
@@ -127,10 +133,12 @@ class ModelDrafter:
             masks[key] = torch.ones(C, C, dtype=torch.bool, device=device).tril()
         return masks[key]
 
-    def _expand(self, tree: Tree, u: torch.Tensor, depth_to_draft: int, ctx_tokens, ctx_feats, ctx_count, length):
+    def _expand(self, tree: Tree, u: torch.Tensor, depth_to_draft: int, masks: tuple, ctx_tokens, ctx_feats,
+                ctx_count, length):
         """The drafter's forwards of one round: the context (accepted tokens and the emitted
         one, committed), then level by level the children of every node, drawn without
-        replacement with the round's uniforms ``u``. Returns (tokens, q, new committed length)."""
+        replacement with the round's uniforms ``u``; ``masks``: ``tree.drafting_masks(depth_to_draft)``,
+        the attention of each forwarded level. Returns (tokens, q, new committed length)."""
         B, C = ctx_tokens.shape
         dev = ctx_tokens.device
         ar = torch.arange(B, device=dev)
@@ -168,7 +176,7 @@ class ModelDrafter:
             if d + 1 not in forwarded_levels:
                 continue
             forwarded += (d + 1,)
-            attend = tree.drafting_mask(d + 1, forwarded)
+            attend = masks[len(forwarded) - 1]
             feats = None
             if node_hidden[0] is not None:
                 feats = torch.stack([node_hidden[tree.parent_list[c]] for c in nxt], dim=1)

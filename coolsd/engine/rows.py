@@ -156,7 +156,7 @@ def row_parallel_generate(target, n_tokens: int, rng, rows: RowParallel, samplin
         raise ValueError(f"row-parallel decoding needs a target whose forward takes by_position=True; "
                          f"{type(target).__name__} has none (toy, llamagen_xl, janus_pro, janus_pro_7b)")
     steps = rows.schedule(n_tokens)
-    B, dev = batch_size, rng.device  # the target's device (speculative_generate moved the streams there)
+    B, dev = batch_size, torch.device(getattr(target, "device", "cpu"))  # where the loop's state lives
     # every forward's index and mask tensors, made once: a round makes no tensor from Python data and
     # reads the host once (the finite check), as the one loop's rounds (docs/gpu.md)
     S, M = len(steps), max(len(s.fed) for s in steps)
@@ -361,7 +361,7 @@ def pjd_generate(target, n_tokens: int, rng, pjd: PJDRows, sampling, cond, batch
     W = pjd.grid_width
     if n_tokens % W:
         raise ValueError(f"pjd needs whole rows: {n_tokens} image tokens is not a multiple of the grid width {W}")
-    H, B, rule, dev = n_tokens // W, batch_size, ExactRule(), rng.device
+    H, B, rule, dev = n_tokens // W, batch_size, ExactRule(), torch.device(getattr(target, "device", "cpu"))
     lo, hi = pjd.token_range
     cap = 1 + H * pjd.window  # the most inputs a sample feeds a forward (an extra token, every row's window)
     sync()

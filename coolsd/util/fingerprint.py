@@ -14,6 +14,9 @@ no user-space tool can set back, so a stale digest is never used. The cache is o
 file in ``$COOLSD_CACHE_DIR`` (default ``$XDG_CACHE_HOME/coolsd`` or ``~/.cache/coolsd``), under
 ``fingerprints/``; where it cannot be written the digest is computed every time (slower, never
 wrong).
+
+``code_commit``: the git commit (and whether tracked files differ from it) of the code a
+benchmark's results measured.
 """
 from __future__ import annotations
 
@@ -85,3 +88,19 @@ def fingerprint(path) -> dict:
         return {"name": p.name, "bytes": sum(f.stat().st_size for f in files), "files": len(files),
                 "sha256": h.hexdigest()}
     return {"name": p.name, "bytes": None, "sha256": None}
+
+
+def code_commit(root) -> "str | None":
+    """The git commit of the checkout at ``root``, with ``+dirty`` when tracked files differ from
+    it (untracked files do not count); None outside a git checkout or without git: what a
+    benchmark's results name as the code they measured."""
+    import subprocess
+
+    try:
+        sha = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (sha + ("+dirty" if dirty else "")) if sha else None

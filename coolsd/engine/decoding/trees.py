@@ -102,14 +102,21 @@ class Tree:
 
     def drafting_mask(self, d: int, levels: tuple[int, ...]) -> torch.Tensor:
         """(len(level d), n_cols) bool: which of the nodes of ``levels`` (a drafter's pending
-        entries, in cache order) each node at depth d attends to (itself and its ancestors); made
-        once per (tree, device), so no round builds an index tensor from a list."""
-        masks = self.__dict__.setdefault("_drafting_masks", {})
-        if (d, levels) not in masks:
-            cols = torch.tensor([c for level in levels for c in self.levels[level]], dtype=torch.long,
-                                device=self.ancestors.device)
-            masks[(d, levels)] = self.ancestors[self.level_slices[d]][:, cols]
-        return masks[(d, levels)]
+        entries, in cache order) each node at depth d attends to (itself and its ancestors)."""
+        cols = torch.tensor([c for level in levels for c in self.levels[level]], dtype=torch.long,
+                            device=self.ancestors.device)
+        return self.ancestors[self.level_slices[d]][:, cols]
+
+    def drafting_masks(self, depth: int) -> tuple[torch.Tensor, ...]:
+        """The ``drafting_mask`` of every level a drafter forwards when it drafts ``depth`` levels
+        (``forwarded_levels``), in order, each over the levels forwarded before it and itself: made
+        once per (tree, device, depth), in eager code, and handed to the expansion as inputs (a
+        compiled expansion never touches this cache: Dynamo does not trace every dict method)."""
+        sets = self.__dict__.setdefault("_drafting_masks", {})
+        if depth not in sets:
+            fwd = tuple(self.forwarded_levels(depth))
+            sets[depth] = tuple(self.drafting_mask(level, fwd[: i + 1]) for i, level in enumerate(fwd))
+        return sets[depth]
 
     @functools.cached_property
     def level_max_children(self) -> list[int]:
