@@ -244,9 +244,10 @@ class Attention(nn.Module):
 
     def forward(self, x, rot, cache: KVCache, layer: int, step: CacheStep) -> torch.Tensor:
         B, m, dim = x.shape
-        q, k, v = (t.view(B, m, self.n_head, self.head_dim) for t in self.wqkv(x).split(dim, dim=-1))
-        q, k = apply_rope(q, rot), apply_rope(k, rot)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        H = self.n_head
+        qkv = self.wqkv(x).view(B, m, 3 * H, self.head_dim)  # [q heads; k heads; v heads]
+        qk = apply_rope(qkv[:, :, : 2 * H], rot)  # q and k rotated together: one pass, the same per-pair product
+        q, k, v = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2), qkv[:, :, 2 * H :].transpose(1, 2)
         if cache is None:  # training: full sequence, ``step`` is the (B, 1, m, m) bool mask
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=step)
         else:

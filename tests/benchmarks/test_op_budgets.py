@@ -1,0 +1,30 @@
+"""The launch budgets of a decode step at LlamaGen-XL shapes (GPT-XL widths, bf16, random weights;
+1 and 2 layers fitted to the real 36, ``benchmarks/op_counts.py``): on a GPU at batch 1 a token's
+time is its kernel launches, so the eager AR token stays within 800 aten ops and 150 dtype
+conversions and its quality signals within 5% of its ops. The tree round's budget (1.4 AR tokens of
+ops) and the compiled kernels are measured by the benchmark (results/gpu/op_counts.md)."""
+import pytest
+from factories import load_benchmark
+
+bench = load_benchmark("op_counts")
+
+
+@pytest.fixture(scope="module")
+def ar_counts():
+    built = bench.specs("llamagen", (1, 2))
+    ar = {"ar": bench.methods()["ar"]}
+    return {L: bench.measure("llamagen", L, spec=built[L], method_set=ar, signals=L == 1, warm=L == 1,
+                             log=lambda *a: None) for L in (1, 2)}
+
+
+def test_an_eager_ar_token_at_gpt_xl_shapes_is_within_its_launch_budget(ar_counts):
+    fit = {q: bench.linear_fit({L: ar_counts[L]["ar"][q] for L in (1, 2)}, bench.REAL_LAYERS["llamagen"])
+           for q in ("ops", "casts", "host_reads")}
+    assert fit["ops"]["full"] <= bench.BUDGETS["ar_ops_per_token"], fit["ops"]
+    assert fit["casts"]["full"] <= bench.BUDGETS["ar_casts_per_token"], fit["casts"]
+    assert fit["host_reads"]["full"] <= 1.0, fit["host_reads"]  # the loop's one status read a token
+
+
+def test_the_quality_signals_are_within_five_percent_of_an_ar_token(ar_counts):
+    on, off = ar_counts[1]["ar"]["ops"], ar_counts[1]["ar_nosignals"]["ops"]
+    assert 0 < on - off <= bench.BUDGETS["signals_share"] * on, (on, off)
