@@ -1,6 +1,9 @@
 """A static per-layer KV cache with per-sample committed lengths and tree-shaped pending entries.
 
-Layout of sample b in every layer's buffer (B, H, max_len, head_dim):
+Every layer's keys and values are views of ONE buffer ``kv`` (2 * n_layers, B, H, max_len, head_dim):
+keys of layer i at 2i, values at 2i + 1, so a commit moves the kept entries of every layer in a few
+ops (a tree round's commit was 4 kernels a buffer, 8 a layer). Layout of sample b in each view
+(B, H, max_len, head_dim):
     slots [0, length[b])                    committed entries, in sequence order
     slots [length[b], length[b] + n_pending) pending entries, in the order forwards added them
     slots beyond                            free (stale values, never attended)
@@ -62,9 +65,8 @@ class KVCache:
         static: bool = False,
         max_committed: Optional[int] = None,
     ):
-        shape = (batch_size, n_heads, max_len, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.kv = torch.zeros(2 * n_layers, batch_size, n_heads, max_len, head_dim, dtype=dtype, device=device)
+        self._views()
         self.batch_size = batch_size
         self.device = torch.device(device)
         self.dtype = dtype
@@ -76,19 +78,25 @@ class KVCache:
         if static:  # compiled graphs mutate these in place: static addresses, so CUDA graphs capture them
             from torch._dynamo import mark_static_address
 
-            for t in (*self.k, *self.v, self.length, self.hidden_slots):
+            for t in (self.kv, *self.k, *self.v, self.length, self.hidden_slots):
                 mark_static_address(t)
+
+    def _views(self) -> None:
+        """``k[i]`` and ``v[i]``: layer i's keys and values, views of ``kv``."""
+        n = self.kv.shape[0] // 2  # single views (``select``), not ``unbind``'s: written in place under any grad mode
+        self.k = [self.kv[2 * i] for i in range(n)]
+        self.v = [self.kv[2 * i + 1] for i in range(n)]
 
     @property
     def max_len(self) -> int:
-        return self.k[0].shape[2]
+        return self.kv.shape[3]
 
     def matches(self, n_layers: int, batch_size: int, n_heads: int, head_dim: int, dtype, device) -> bool:
         """Whether this cache can be reused (after ``reset``) for the given shape."""
         return (
-            len(self.k) == n_layers
-            and self.k[0].shape[:2] == (batch_size, n_heads)
-            and self.k[0].shape[3] == head_dim
+            self.kv.shape[0] == 2 * n_layers
+            and self.kv.shape[1:3] == (batch_size, n_heads)
+            and self.kv.shape[4] == head_dim
             and self.dtype == dtype
             and self.device == torch.device(device)
         )
@@ -235,13 +243,12 @@ class KVCache:
             valid = j.unsqueeze(0) < n_keep.unsqueeze(1)  # (B, K)
             src = self.length.unsqueeze(1) + keep[:, :K].clamp(0, P - 1)
             dst = self.length.unsqueeze(1) + j  # distinct per row, < length + P <= max_len
-            for buf in (*self.k, *self.v):
-                H, D = buf.shape[1], buf.shape[3]
-                src_i = src[:, None, :, None].expand(B, H, K, D)
-                dst_i = dst[:, None, :, None].expand(B, H, K, D)
-                moved = torch.gather(buf, 2, src_i)  # a copy, so src/dst overlap is safe
-                old = torch.gather(buf, 2, dst_i)
-                buf.scatter_(2, dst_i, torch.where(valid[:, None, :, None], moved, old))
+            S, _, H, _, D = self.kv.shape  # every layer's keys and values at once
+            src_i = src[None, :, None, :, None].expand(S, B, H, K, D)
+            dst_i = dst[None, :, None, :, None].expand(S, B, H, K, D)
+            moved = torch.gather(self.kv, 3, src_i)  # a copy, so src/dst overlap is safe
+            old = torch.gather(self.kv, 3, dst_i)
+            self.kv.scatter_(3, dst_i, torch.where(valid[None, :, None, :, None], moved, old))
             self._unhide(dst, valid, hide, K)
             if self.by_position:
                 self._move_positions(src, dst, valid)
@@ -280,9 +287,9 @@ class KVCache:
             src = self.length.unsqueeze(1) + keep[:, :K].clamp(0, P - 1)
             dst = self.length.unsqueeze(1) + j
             b = torch.arange(self.batch_size, device=self.device).unsqueeze(1)
-            for buf in (*self.k, *self.v):
-                moved = buf[b, :, src]  # (B, K, H, D), a copy: src/dst overlap is safe
-                buf[b, :, dst] = torch.where(valid[:, :, None, None], moved, buf[b, :, dst])
+            # every layer's keys and values at once: (B, K, 2 * n_layers, H, D), a copy (src/dst may overlap)
+            moved = self.kv[:, b, :, src]
+            self.kv[:, b, :, dst] = torch.where(valid[:, :, None, None, None], moved, self.kv[:, b, :, dst])
             self._unhide(dst, valid, hide, K)
         self.length += n_keep
         self.n_pending = 0
@@ -298,15 +305,18 @@ class KVCache:
 
     # ------------------------------------------------------------------ capacity
     def _grow(self, needed: int) -> None:
-        """Reallocate every buffer to hold ``needed`` slots (rounded up to a multiple of 64), one
-        buffer at a time: each list entry is replaced (and its old tensor released) before the
-        next is allocated, so the transient peak is the cache plus one layer's new buffer, not two
-        caches. Owners size their caches to the sequence's known maximum, so this is a fallback."""
+        """Reallocate the buffer to hold ``needed`` slots (rounded up to a multiple of 64): for a
+        moment the old and the new buffer are both alive (one buffer holds every layer, so that a
+        commit is a few ops). Owners size their caches to the sequence's known maximum
+        (``max_committed`` and a round's pending entries), so this is a fallback that decoding with
+        a correctly sized cache never reaches."""
         new_len = -(-needed // 64) * 64
         old_len = self.max_len
-        for bufs in (self.k, self.v):
-            for i in range(len(bufs)):
-                bufs[i] = self._padded(bufs[i], old_len, new_len)  # the old buffer's last reference goes here
+        self.k = self.v = None  # the views' references: the old buffer goes with ``kv`` below
+        kv = self.kv.new_zeros(*self.kv.shape[:3], new_len, self.kv.shape[4])
+        kv[:, :, :, :old_len] = self.kv
+        self.kv = kv
+        self._views()
         hidden = torch.zeros(self.batch_size, new_len, dtype=torch.bool, device=self.device)
         hidden[:, :old_len] = self.hidden_slots  # slots beyond the old end are free: not hidden
         self.hidden_slots = hidden
@@ -314,8 +324,4 @@ class KVCache:
         pos[:, :old_len] = self.slot_pos
         self.slot_pos = pos
 
-    @staticmethod
-    def _padded(t: torch.Tensor, old_len: int, new_len: int) -> torch.Tensor:
-        out = t.new_zeros(*t.shape[:2], new_len, *t.shape[3:])
-        out[:, :, :old_len] = t
-        return out
+
