@@ -142,8 +142,6 @@ class ModelDrafter:
         B, C = ctx_tokens.shape
         dev = ctx_tokens.device
         ar = torch.arange(B, device=dev)
-        n_children = tree.n_children_list
-        expand_col = {node: j for j, node in enumerate(tree.expanded_nodes)}
         forwarded_levels = set(tree.forwarded_levels(depth_to_draft))
         V = self.model.vocab_size
 
@@ -159,32 +157,32 @@ class ModelDrafter:
         tokens = torch.zeros(B, n1, dtype=torch.long, device=dev)
         tokens[:, 0] = ctx_tokens[ar, last]
         q = torch.zeros(B, n1, V, dtype=torch.promote_types(root_logits.dtype, torch.float32), device=dev)
-        node_probs = {0: self.sampling.probs(root_logits)}
-        node_hidden = {0: root_hidden}
+        # level by level, every node of a level at once (Tree.drafting_plan): its distributions
+        # (B, n_d, V) and the drafter's outputs there (B, n_d, H), the root's level first
+        probs = self.sampling.probs(root_logits).unsqueeze(1)
+        hidden = None if root_hidden is None else root_hidden.unsqueeze(1)
         forwarded: tuple[int, ...] = ()  # levels of the pending tree entries, in cache order
         for d in range(depth_to_draft):
-            for i in tree.levels[d]:
-                m = n_children[i]
-                if m == 0:
-                    continue
-                toks, cond = sample_without_replacement(node_probs[i], u[:, expand_col[i]], m)
-                for r, c in enumerate(tree.children_list[i]):
-                    tokens[:, c] = toks[:, r]
-                    q[:, c] = cond[:, r].to(q.dtype)
+            draw = tree.drafting_plan[d]
+            if not draw.locs:
+                break  # no node of level d has children: nothing deeper exists
+            # each expanded node's children: successive draws from its distribution (draws past a
+            # node's own count are never used; a draw depends only on the draws before it)
+            toks, cond = sample_without_replacement(draw.pick(probs), u[:, draw.u_col : draw.u_col + len(draw.locs)],
+                                                    draw.k)
+            tokens[:, draw.children] = draw.children_of(toks)
+            q[:, draw.children] = draw.children_of(cond).to(q.dtype)
             # run the drafter on level d+1 only if some of its nodes will be expanded
-            nxt, at = tree.levels[d + 1], tree.level_slices[d + 1]
             if d + 1 not in forwarded_levels:
                 continue
             forwarded += (d + 1,)
             attend = masks[len(forwarded) - 1]
-            feats = None
-            if node_hidden[0] is not None:
-                feats = torch.stack([node_hidden[tree.parent_list[c]] for c in nxt], dim=1)
+            feats = None if hidden is None else draw.parents_of(draw.pick(hidden))
+            at = draw.children
             pos = (length - 1).unsqueeze(1) + tree.depth[at].unsqueeze(0)
             step = self.model.forward(tokens[:, at], pos, attend, feats)
-            for j, c in enumerate(nxt):
-                node_probs[c] = self.sampling.probs(step.logits[:, j])
-                node_hidden[c] = None if step.hidden is None else step.hidden[:, j]
+            probs = self.sampling.probs(step.logits)
+            hidden = step.hidden
         return tokens, q, length
 
     def observe(self, info: RoundInfo) -> None:

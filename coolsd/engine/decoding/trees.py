@@ -119,6 +119,23 @@ class Tree:
         return sets[depth]
 
     @functools.cached_property
+    def drafting_plan(self) -> list["LevelDraw"]:
+        """drafting_plan[d]: how a drafter draws level d + 1 from level d in one batched call, for d =
+        0 .. max_depth - 1 (docs/methods.md#12-static-tree-drafting). Nodes are ordered by (depth,
+        path) and sibling ranks are 0..m-1, so level d + 1 is the children of level d's expanded
+        nodes, parent by parent in node order, each parent's in rank order: its draws, concatenated,
+        are level d + 1 in node order, and no index tensor is needed."""
+        plan = []
+        col = 0  # the uniforms' column of the level's first expanded node (``expanded_nodes`` order)
+        for d in range(self.max_depth):
+            nodes = self.levels[d]
+            expanded = [(j, self.n_children_list[i]) for j, i in enumerate(nodes) if self.n_children_list[i] > 0]
+            locs, counts = tuple(j for j, _ in expanded), tuple(m for _, m in expanded)
+            plan.append(LevelDraw(locs, counts, col, max(counts, default=0), self.level_slices[d + 1]))
+            col += len(locs)
+        return plan
+
+    @functools.cached_property
     def level_max_children(self) -> list[int]:
         """level_max_children[d]: the most children a node at depth d has (verification's sibling
         loop at depth d + 1 visits that many ranks), d = 0 .. max_depth."""
@@ -128,6 +145,44 @@ class Tree:
     def levels(self) -> list[list[int]]:
         """levels[d]: node indices at depth d, in node order (d = 0 .. max_depth + 1)."""
         return [self.level(d).tolist() for d in range(self.max_depth + 2)]
+
+
+@dataclass(frozen=True)
+class LevelDraw:
+    """One level's batched draw (``Tree.drafting_plan``): the positions within level d of its
+    expanded nodes (``locs``), how many children each draws (``counts``), the uniforms' column of
+    the first of them (``u_col``: the rest follow), the most children any of them draws (``k``), and
+    level d + 1 as a node slice (``children``)."""
+
+    locs: tuple[int, ...]
+    counts: tuple[int, ...]
+    u_col: int
+    k: int
+    children: slice
+
+    @property
+    def contiguous(self) -> bool:
+        """Whether the expanded nodes are a run of the level (a slice selects them)."""
+        return self.locs == tuple(range(self.locs[0], self.locs[0] + len(self.locs))) if self.locs else True
+
+    def pick(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, n_d, ...) over level d's nodes -> (B, e, ...) over its expanded nodes."""
+        if self.contiguous:
+            return x[:, self.locs[0] : self.locs[0] + len(self.locs)] if self.locs else x[:, :0]
+        return torch.stack([x[:, j] for j in self.locs], 1)
+
+    def children_of(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, e, k, ...) per expanded node and draw -> (B, n_{d+1}, ...): each node's first
+        ``counts`` draws, in node order (level d + 1's order)."""
+        if all(m == self.k for m in self.counts):
+            return x.flatten(1, 2)
+        return torch.cat([x[:, e, :m] for e, m in enumerate(self.counts)], 1)
+
+    def parents_of(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, e, ...) per expanded node -> (B, n_{d+1}, ...): each level d + 1 node's parent's."""
+        if all(m == self.k for m in self.counts):
+            return x.repeat_interleave(self.k, dim=1)
+        return torch.cat([x[:, e : e + 1].expand(-1, m, *x.shape[2:]) for e, m in enumerate(self.counts)], 1)
 
 
 def chain_paths(length: int) -> list[list[int]]:
@@ -194,7 +249,7 @@ def _with_views(tree: Tree) -> Tree:
 
 
 HOST_VIEWS = ("max_depth", "n_children_list", "parent_list", "children_list", "levels", "expanded_nodes",
-              "level_max_children", "level_slices")
+              "level_max_children", "level_slices", "drafting_plan")
 
 
 def pac_tree(window: int, width: int, depth: int) -> Tree:
