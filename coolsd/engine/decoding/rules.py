@@ -40,9 +40,9 @@ from coolsd.engine.decoding.sampling import _TINY, normalize
 
 
 def acceptance_prob(a_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
-    """f = min(1, a(x) / q(x)); 0 where q(x) <= 0 (such drafts are skipped anyway)."""
-    safe_q = torch.where(q_x > 0, q_x, torch.ones_like(q_x))
-    return torch.where(q_x > 0, torch.clamp(a_x / safe_q, max=1.0), torch.zeros_like(q_x))
+    """f = min(1, a(x) / q(x)); 0 where q(x) <= 0 (such drafts are skipped anyway; their
+    division, by zero, lands in the branch ``where`` discards)."""
+    return torch.where(q_x > 0, torch.clamp(a_x / q_x, max=1.0), 0.0)
 
 
 def gstar_residual(p_res: torch.Tensor, q: torch.Tensor, a: torch.Tensor) -> torch.Tensor:

@@ -43,10 +43,10 @@ def warp_probs(
 
 
 def normalize(v: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
-    """Norm(v) = v / sum(v) along the last dim; rows without mass take ``fallback``."""
+    """Norm(v) = v / sum(v) along the last dim; rows without mass take ``fallback``. (Rows without
+    mass divide by their tiny or zero sum in the branch ``where`` discards: four kernels, no guard.)"""
     s = v.sum(-1, keepdim=True)
-    ok = s > _TINY
-    return torch.where(ok, v / torch.where(ok, s, torch.ones_like(s)), fallback)
+    return torch.where(s > _TINY, v / s, fallback)
 
 
 def sample_inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

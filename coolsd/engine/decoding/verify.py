@@ -48,10 +48,10 @@ def verify_tree(
     B, _, V = p.shape
     dev = p.device
     ar = torch.arange(B, device=dev)
+    rows = ar.unsqueeze(1)
     node = torch.zeros(B, dtype=torch.long, device=dev)
     p_res = p[:, 0]
     searching = max_depth > 0
-    n_acc = torch.zeros(B, dtype=torch.long, device=dev)
     D = tree.max_depth
     path = torch.full((B, max(D, 1)), -1, dtype=torch.long, device=dev)
     # a rule that chooses each node's relaxation from the node's (p_res, q) (``Rule.chooses``)
@@ -61,32 +61,38 @@ def verify_tree(
     choices = rule.choose(p[:, :D], q[:, 1 : D + 1]) if chooses and chain else None
     # no early exit reads the host: every depth is walked, over the most children a node at the
     # depth above has (host-known from the static tree), dead samples masked (the round's one host
-    # read is the loop's)
+    # read is the loop's). What a depth's siblings need that does not change while they are walked
+    # (their nodes, tokens, draft rows, uniforms, whether each is verified at all) is gathered once
+    # a depth; the sibling steps read views of it.
     for d in range(1, D + 1):
-        found = torch.zeros(B, dtype=torch.bool, device=dev)
-        chosen = node.clone()
-        for r in range(tree.level_max_children[d - 1]):
-            child = tree.children[node, r]
-            c = child.clamp(min=0)
-            x = torch.where(child >= 0, tokens[ar, c], 0)
-            qj = q[ar, c]
-            # duplicates and q_j(x_j) <= 0 are skipped (docs/methods.md#13-verification-at-one-tree-depth-d)
-            live = searching & ~found & (child >= 0) & (qj[ar, x] > 0)
+        R = tree.level_max_children[d - 1]
+        kids = tree.children[node, :R]  # (B, R); -1 where the node has fewer children
+        has = kids >= 0
+        c = kids.clamp(min=0)  # where there is no such child: the root, never live
+        x = torch.where(has, tokens.gather(1, c), 0)  # (the root's token may be no vocabulary id)
+        qj = q[rows, c]  # (B, R, V)
+        u = u_accept.gather(1, c)
+        # duplicates and q_j(x_j) <= 0 are skipped (docs/methods.md#13-verification-at-one-tree-depth-d)
+        verified = has & (qj.gather(-1, x.unsqueeze(-1)).squeeze(-1) > 0)
+        p_node = p[ar, node]  # an empty residual falls back to p at this node
+        open_ = searching  # still looking for an accepted sibling at this depth
+        for r in range(R):
+            live = open_ & verified[:, r]
             if not chooses:
-                f, residual = rule.step(p_res, qj, x, d)
+                f, residual = rule.step(p_res, qj[:, r], x[:, r], d)
             else:
-                f, residual = rule.step(p_res, qj, x, d, choices[:, d - 1] if chain else rule.choose(p_res, qj))
-            acc = live & (u_accept[ar, c] < f)
-            rej = live & ~acc
-            # an empty residual falls back to p at this node
-            p_res = torch.where(rej.unsqueeze(-1), normalize(residual, p[ar, node]), p_res)
-            found |= acc
-            chosen = torch.where(acc, c, chosen)
-        node = torch.where(found, chosen, node)
+                f, residual = rule.step(p_res, qj[:, r], x[:, r], d,
+                                        choices[:, d - 1] if chain else rule.choose(p_res, qj[:, r]))
+            acc = live & (u[:, r] < f)
+            # acc is within live, and live within open_: ``^`` removes it
+            p_res = torch.where((live ^ acc).unsqueeze(-1), normalize(residual, p_node), p_res)
+            open_ = open_ ^ acc
+            node = torch.where(acc, c[:, r], node)
+        found = searching ^ open_
         p_res = torch.where(found.unsqueeze(-1), p[ar, node], p_res)
-        path[:, d - 1] = torch.where(found, node, path[:, d - 1])
-        n_acc += found.long()
+        path[:, d - 1] = torch.where(found, node, -1)
         searching = found & (max_depth > d)
+    n_acc = (path[:, :D] >= 0).sum(1) if D else torch.zeros(B, dtype=torch.long, device=dev)
     emitted = sample_inverse_cdf(p_res, u_emit)
     if emit_allowed_after is not None:
         emitted = torch.where(n_acc < emit_allowed_after, emitted, torch.full_like(emitted, -1))
