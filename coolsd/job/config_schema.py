@@ -95,6 +95,7 @@ class ConfigSchema:
     logger: Any = None
     seed: int = 0
     baseline: bool = True
+    fastest_ar: Any = "auto"  # auto | true | false (``check_fastest_ar``)
     threads: int = 1
     batch_size: int = 1
     compile: bool = False
@@ -332,6 +333,7 @@ def _check_values(cfg, world_cls):
     if cfg.get("compile", False) and invariant:
         raise ConfigError("compile=true and deterministic.batch_invariant=true exclude each other (compiled kernels "
                           "fuse and reorder float operations); set one of them to false")
+    check_fastest_ar(cfg, world_cls, invariant)
 
     if world_cls.family == "discrete" and _row_parallel(name) and not world_cls.row_parallel:
         have = ", ".join(n for n in world_names() if world_class(n).row_parallel)
@@ -364,6 +366,29 @@ def _check_values(cfg, world_cls):
     check_dtypes(cfg)
     check_target_variant(cfg, world_cls)
     return world_cls
+
+
+def check_fastest_ar(cfg, world_cls, invariant: bool) -> None:
+    """``fastest_ar``: auto (compiled AR beside the run on CUDA, where it is eager, times AR and its
+    target compiles: ``coolsd.job.generation.wants_fastest_ar``), true (the same, on any device, the
+    CPU included) or false. ``true`` is refused where it cannot run: a target without a compiled
+    path, a run that is compiled already (its ``ar`` is compiled AR) or batch-invariant."""
+    v = cfg.get("fastest_ar", "auto")
+    if not (isinstance(v, bool) or v == "auto"):
+        raise ConfigError(f"fastest_ar={v!r} is invalid: valid: auto, true, false (auto = also time compiled AR "
+                          "on CUDA when the run is eager)")
+    if v is not True:
+        return
+    if not world_cls.compiles:
+        have = ", ".join(n for n in world_names() if world_class(n).compiles)
+        raise ConfigError(f"fastest_ar=true times compiled AR, which target={cfg.target.name} does not have ({have} do): "
+                          "set fastest_ar=auto or false")
+    if cfg.get("compile", False):
+        raise ConfigError("fastest_ar=true adds compiled AR beside an eager run, but compile=true compiles the run's "
+                          "own ar already (speedup is then against compiled AR): set fastest_ar=auto or false")
+    if invariant:
+        raise ConfigError("fastest_ar=true compiles AR, which deterministic.batch_invariant=true excludes: set "
+                          "fastest_ar=auto or false")
 
 
 def _row_parallel(name: str) -> bool:

@@ -5,7 +5,9 @@ counters from the records, plus the world's quality), one grid, one printed tabl
 
 Every method of a run (and its baseline, from the method registry) generates every prompt in
 batches of ``batch_size``, methods interleaved per batch so that machine noise hits all of them
-alike (latency ratios are measured side by side, docs/methods.md#6-evaluation-protocol). A prompt's seed comes from the
+alike (latency ratios are measured side by side, docs/methods.md#6-evaluation-protocol). Where the run also
+times the fastest AR (``fastest_ar``: compiled AR, tag ``ar_compiled``, on a second copy of the world loaded
+with ``compile=true``), it is interleaved the same way, warmed up untimed like every method. A prompt's seed comes from the
 run seed and its index, never from the order of work, so a resumed or sharded run writes the
 records an uninterrupted one-process run would (latencies aside); a batch equals its prompts
 generated alone in distribution, and bit for bit with ``deterministic.batch_invariant=true``.
@@ -27,7 +29,7 @@ from coolsd.engine.loop import NonFiniteLogits
 from coolsd.engine.timing import hardware_name, peak_memory_gib, reset_peak_memory
 from coolsd.job.config_schema import check_config, method_from_cfg
 from coolsd.job.shards import Shard
-from coolsd.job.summary import GRID_COLUMNS, summarize, write_outputs
+from coolsd.job.summary import AR, FASTEST_AR, GRID_COLUMNS, summarize, write_outputs
 from coolsd.job.tracking import NullLogger, make_logger
 from coolsd.util.errors import ConfigError, SummaryError
 from coolsd.util.records import RecordWriter, RunLock, claim_run_dir, resume_records
@@ -50,6 +52,52 @@ def job_methods(world, cfg) -> dict:
     if name == "ar" or not cfg.get("baseline", True) or not world.runs_baseline:
         return {name: method}
     return {"ar": method.baseline(), name: method}
+
+
+class OnWorld:
+    """A method that runs on another loaded world than the run's: AR on the run's compiled twin
+    (tag ``ar_compiled``, ``fastest_ar``). Its records and ``run.json`` describe it as its method
+    plus ``compiled: true``; it has no rule, so it never tunes itself (``_tuned_rule``)."""
+
+    def __init__(self, world, method):
+        self.world, self.method = world, method
+
+    def describe(self) -> dict:
+        return {**self.method.describe(), **({"compiled": True} if self.world.compiled else {})}
+
+
+def placed(world, method) -> tuple:
+    """(world, method) that generate a tag's samples: an ``OnWorld``'s own, else the run's."""
+    return (method.world, method.method) if isinstance(method, OnWorld) else (world, method)
+
+
+def wants_fastest_ar(cfg, world, methods: dict) -> bool:
+    """Whether the run also times compiled AR (``ar_compiled``): ``fastest_ar=true`` (its config check
+    refused what cannot run), or ``auto`` on CUDA where the run is eager, times AR (``ar``), its target
+    compiles and batch invariance is off."""
+    v = cfg.get("fastest_ar", "auto")
+    if v != "auto":
+        return v is True
+    invariant = bool((cfg.get("deterministic") or {}).get("batch_invariant", False))
+    return (torch.device(world.device).type == "cuda" and type(world).compiles and not world.compiled
+            and not invariant and AR in methods)
+
+
+def with_fastest_ar(cfg, methods: dict, configured: str) -> dict:
+    """``methods`` with ``ar_compiled`` after ``ar`` (first where there is none): the configured method's
+    baseline on the run's world loaded again with ``compile=true`` (static KV cache, CUDA graphs on
+    CUDA) and no drafter (AR drafts nothing)."""
+    import copy
+
+    from omegaconf import open_dict
+
+    twin_cfg = copy.deepcopy(cfg)
+    with open_dict(twin_cfg):
+        twin_cfg.compile, twin_cfg.draft = True, None
+    twin = load_world(twin_cfg)
+    compiled_ar = OnWorld(twin, methods[configured].baseline())
+    ar = {t: m for t, m in methods.items() if t == AR}
+    return {**ar, FASTEST_AR: compiled_ar, **{t: m for t, m in methods.items() if t != AR}}
 
 
 def run_identity(world, methods: dict, *, seed: int, dataset: dict, threads: int, batch_size: int = 1,
@@ -83,8 +131,9 @@ def generate_records(world, method, prompts: list, idxs: list[int], seeds: list[
     n0 = compile_count()
     tuned = _tuned_rule(method)
     price = {"budget_price": tuned.price} if tuned is not None else {}
+    world, generating = placed(world, method)
     reset_peak_memory(world.device)
-    samples = world.generate(method, prompts, seeds)
+    samples = world.generate(generating, prompts, seeds)
     peak = peak_memory_gib(world.device)
     B, hw = len(seeds), hardware_name(world.device)
     out = [({**record_head(p, idx, seed, tag, method), **s.fields, "hardware": hw, **price,
@@ -159,15 +208,16 @@ def collect(world_cls, methods, records: dict, folder: Path, positions: list[int
 
 def warm_up(world, methods: dict, prompts: list, batch_size: int) -> dict:
     """One untimed batch per method at every batch size the run will use (the last batch may be
-    smaller), so that compiled graphs (``compile=true``) are all built before timing. Returns
-    {"warmup_s", "graphs_compiled"}."""
+    smaller), so that compiled graphs (``compile=true``, and ``ar_compiled``'s on its compiled twin)
+    are all built before timing. Returns {"warmup_s", "graphs_compiled"}."""
     t0, n0 = time.perf_counter(), compile_count()
-    sizes = {min(batch_size, len(prompts))}
-    if world.compiled and len(prompts) % batch_size:
-        sizes.add(len(prompts) % batch_size)
-    for k in sorted(sizes):
-        for m in methods.values():
-            world.generate(m, prompts[:k], list(range(k)))
+    for m in methods.values():
+        w, generating = placed(world, m)
+        sizes = {min(batch_size, len(prompts))}
+        if w.compiled and len(prompts) % batch_size:
+            sizes.add(len(prompts) % batch_size)
+        for k in sorted(sizes):
+            w.generate(generating, prompts[:k], list(range(k)))
     return {"warmup_s": time.perf_counter() - t0, "graphs_compiled": compile_count() - n0}
 
 
@@ -300,9 +350,11 @@ def run_job(cfg, out_dir: Path, world=None) -> dict:
     torch.set_num_threads(threads)
     world = world or load_world(cfg)
     methods = job_methods(world, cfg)
+    if wants_fastest_ar(cfg, world, methods):
+        methods = with_fastest_ar(cfg, methods, name)
     dataset = world_cls.dataset(cfg)
     identity = run_identity(world, methods, seed=cfg.seed, dataset=dataset, threads=threads, batch_size=batch,
-                            shard=shard, invariant=invariant, method=list(methods)[-1])
+                            shard=shard, invariant=invariant, method=name)
     stats: dict = {}
     with batch_invariant(invariant):
         outputs, prompts, failures = run_shard(world, methods, prompts, out_dir, identity, seed=cfg.seed,
@@ -311,7 +363,7 @@ def run_job(cfg, out_dir: Path, world=None) -> dict:
                                                stats=stats, logger=logger)
     if stats:
         print(f"warm-up (excluded from latency): {stats['warmup_s']:.1f} s"
-              + (f", {stats['graphs_compiled']} graphs compiled" if world.compiled else ""))
+              + (f", {stats['graphs_compiled']} graphs compiled" if world.compiled or FASTEST_AR in methods else ""))
     if shard.count > 1:
         logger.finish()
         print(f"shard {shard.index} of {shard.count} done ({len(prompts)} prompts); when every shard is done: "

@@ -15,6 +15,17 @@ from coolsd.util.records import save_png_atomic, write_json_atomic
 from coolsd.util.stats import FLOAT_NOISE, FRACTION, NULL_REASON, POSITIVE, REAL, mean_ci, ratio_ci
 
 SPEEDUP_REFERENCE = "ar on the same prompts, same machine, same run (same batch size)"
+# The AR baselines a run may time. ``ar``: AR in the run's own mode (eager, or compiled under
+# compile=true), the reference of ``speedup``. ``ar_compiled``: AR on the run's compiled twin (static KV
+# cache, CUDA graphs on CUDA; ``fastest_ar``, coolsd.job.generation), timed beside an eager run on the same
+# prompts. The two are never pooled: each is its own tag, and ``speedup_vs_fastest_ar`` takes the one
+# with the lower mean latency whole.
+AR, FASTEST_AR = "ar", "ar_compiled"
+FASTEST_AR_REFERENCE = ("speedup_vs_fastest_ar: mean latency of the fastest AR this run timed / mean method latency, "
+                        "paired by prompt; the fastest AR is the one of ar (same mode as the run) and ar_compiled "
+                        "(compiled AR: static KV cache, CUDA graphs on CUDA; timed on CUDA unless fastest_ar=false) "
+                        "with the lower mean latency, named by fastest_ar; where only one ran it is that one, and "
+                        "the column equals speedup")
 # where each summarised record quantity lives, (domain, lower bound), for its interval
 # (coolsd.util.stats); a key not listed is real-valued (Student-t), e.g. target_nll and every difference
 METRIC_DOMAINS = {
@@ -47,9 +58,13 @@ def metric_ci(key: str, values) -> dict:
 
 def results_table(world_cls, outputs: dict, prompts: list, files: dict) -> dict:
     """{tag: {"params", <record metric>: mean_ci, "images_per_s", "speedup",
-    "speedup_per_accepted_length", <quality>}} from ``outputs`` {tag: (records, images)} (empty
-    where no prompt was completed by every method); ``files``: the world's ``files()``."""
+    "speedup_per_accepted_length", "speedup_vs_fastest_ar", "fastest_ar", <quality>}} from
+    ``outputs`` {tag: (records, images)} (empty where no prompt was completed by every method);
+    ``files``: the world's ``files()``. ``speedup`` is against ``ar`` (AR in the run's own mode);
+    ``speedup_vs_fastest_ar`` against the AR tag of the lower mean latency (``fastest_ar``), which
+    is ``ar`` itself where ``ar_compiled`` did not run or was slower."""
     outputs = {tag: out for tag, out in outputs.items() if out[0]}
+    fastest = fastest_ar({tag: rows for tag, (rows, _) in outputs.items()})
     table = {}
     for tag, (rows, _) in outputs.items():
         e = {"params": rows[0]["params"]}
@@ -65,7 +80,7 @@ def results_table(world_cls, outputs: dict, prompts: list, files: dict) -> dict:
         if world_cls.makes_images:  # throughput at the run's batch size: images per second of generation
             e["images_per_s"] = metric_ci("images_per_s", [r.get("batch_size", 1) / r["latency_s"] for r in rows])
         if "ar" in outputs and "latency_s" in rows[0]:
-            e["speedup"] = ratio_ci([r["latency_s"] for r in outputs["ar"][0]], [r["latency_s"] for r in rows], paired=True)
+            e["speedup"] = speedup_against(outputs["ar"][0], rows)
             if "accepted_length" in e:
                 e["speedup_per_accepted_length"] = e["speedup"]["mean"] / e["accepted_length"]["mean"]
             # the same without the quality signals' work (timed apart in eager rounds): the signals are the
@@ -74,6 +89,9 @@ def results_table(world_cls, outputs: dict, prompts: list, files: dict) -> dict:
                     for rs in (outputs["ar"][0], rows)]
             if all(x is not None for x in bare[0] + bare[1]):
                 e["speedup_without_signals"] = ratio_ci(bare[0], bare[1], paired=True)
+        if fastest is not None and "latency_s" in rows[0]:  # equals speedup where ar is the fastest (or only) AR
+            e["speedup_vs_fastest_ar"] = speedup_against(outputs[fastest][0], rows)
+            e["fastest_ar"] = fastest
         table[tag] = e
     for tag, q in (world_cls.quality(outputs, prompts, files) if outputs else {}).items():
         table[tag].update(q)
@@ -81,6 +99,24 @@ def results_table(world_cls, outputs: dict, prompts: list, files: dict) -> dict:
         if any(k.endswith(MINUS_AR) for k in e):
             e["resolution"] = resolution(e)
     return table
+
+
+def fastest_ar(rows_by_tag: dict) -> Optional[str]:
+    """The tag of the AR baseline (``ar``, ``ar_compiled``) with the lowest mean latency among those
+    in ``rows_by_tag`` {tag: records}; None where none ran (or its records hold no latency). A tie
+    goes to ``ar``."""
+    timed = [t for t in (AR, FASTEST_AR) if rows_by_tag.get(t) and all("latency_s" in r for r in rows_by_tag[t])]
+    return min(timed, key=lambda t: float(np.mean([r["latency_s"] for r in rows_by_tag[t]])), default=None)
+
+
+def speedup_against(ref_rows: list, rows: list) -> dict:
+    """mean reference latency / mean latency (``ratio_ci``): paired by prompt where both hold the same
+    prompts (every run's tags do: they are compared on the prompts all completed), else each side
+    resampled on its own."""
+    ref = {r["prompt_index"]: r["latency_s"] for r in ref_rows}
+    if sorted(ref) == sorted(r["prompt_index"] for r in rows):
+        return ratio_ci([ref[r["prompt_index"]] for r in rows], [r["latency_s"] for r in rows], paired=True)
+    return ratio_ci(list(ref.values()), [r["latency_s"] for r in rows])
 
 
 MINUS_AR = "_minus_ar"
@@ -121,11 +157,14 @@ def _peak_memory(rows: list) -> Optional[float]:
 def summarize(world_cls, identity: dict, outputs: dict, prompts: list, failures: dict) -> dict:
     """The summary.json of a run: its identity's settings, where it ran (``peak_memory_gib``: the
     peak device memory of its generation on CUDA, ``torch.cuda.max_memory_allocated`` in GiB over
-    the records' batches, warm-up excluded; null on the CPU), and ``results_table`` (each method's
-    own ``peak_memory_gib`` on CUDA)."""
+    the records' batches, warm-up excluded; null on the CPU), which AR was the fastest
+    (``fastest_ar``, ``FASTEST_AR_REFERENCE``) and ``results_table`` (each method's own
+    ``peak_memory_gib`` on CUDA)."""
     rows = [r for recs, _ in outputs.values() for r in recs]
     hardware = sorted({r["hardware"] for r in rows if "hardware" in r})
     methods = identity["methods"]
+    results = results_table(world_cls, outputs, prompts, identity["world"])
+    fastest = next((e["fastest_ar"] for e in results.values() if "fastest_ar" in e), None)
     return {"target": identity["target"],
             **({"method": methods[identity["method"]]} if identity.get("method") in methods else {}),
             "methods": methods, "n_prompts": len(prompts), **identity["settings"], "device": identity["device"],
@@ -133,9 +172,9 @@ def summarize(world_cls, identity: dict, outputs: dict, prompts: list, failures:
             "peak_memory_gib": _peak_memory(rows),
             "batch_size": identity.get("batch_size", 1),
             **({"batch_invariant": True} if identity.get("batch_invariant") else {}),
-            "speedup_reference": SPEEDUP_REFERENCE, "failures": failures,
-            **_compile_summary(rows),
-            "results": results_table(world_cls, outputs, prompts, identity["world"])}
+            "speedup_reference": SPEEDUP_REFERENCE,
+            **({"fastest_ar": fastest, "fastest_ar_reference": FASTEST_AR_REFERENCE} if fastest else {}),
+            "failures": failures, **_compile_summary(rows), "results": results}
 
 
 def _compile_summary(rows: list) -> dict:
@@ -234,9 +273,15 @@ def write_outputs(world_cls, summary: dict, outputs: dict, out_dir: Path, refere
     if write_distortion_figure(summary, {tag: recs for tag, (recs, _) in outputs.items()}, out_dir):
         wrote += ", distortion.png"
     lines = summary_lines(world_cls, summary["results"], outputs)
+    if summary.get("fastest_ar"):
+        lat = {t: e["latency_s"]["mean"] for t, e in summary["results"].items()
+               if t in (AR, FASTEST_AR) and "latency_s" in e}
+        lines.append(f"speed-up (fastest AR): against {summary['fastest_ar']} ("
+                     + ", ".join(f"{t} {v:.4g} s" for t, v in lat.items()) + " mean latency)")
     if "compile" in summary:
         c = summary["compile"]
-        lines.append(f"compile=true: {c['graphs_compiled_after_warmup']} graphs compiled after the warm-up (goal 0)"
+        mode = "compile=true" if summary.get("compiled") else f"{FASTEST_AR} (compiled AR beside this eager run)"
+        lines.append(f"{mode}: {c['graphs_compiled_after_warmup']} graphs compiled after the warm-up (goal 0)"
                      + (f"; warm-up {c['warmup_s']:.1f} s, excluded from latency" if "warmup_s" in c else ""))
     if summary.get("peak_memory_gib") is not None:
         per = ", ".join(f"{t} {e['peak_memory_gib']:.2f}" for t, e in summary["results"].items()

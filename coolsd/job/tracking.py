@@ -21,8 +21,9 @@ W&B (``WandbLogger``):
 * with the summary: its numbers flattened to ``<method>/<metric>`` (``_lo`` / ``_hi``: 95% CIs),
   ``summary/table`` (one row per method: every reported metric with its interval) and, for each
   quality signal of the summary (``quality_metrics``), ``pareto/<metric>``: a W&B scatter chart
-  of the metric against the speed-up over AR, its table holding both intervals (the merge adds
-  the same plot with error bars, ``figures/pareto``).
+  of the metric against the speed-up over same-mode AR, and ``pareto_fastest_ar/<metric>``: against
+  the speed-up over the fastest AR (``speedup_vs_fastest_ar``), each table holding both intervals
+  (the merge adds the first plot with error bars, ``figures/pareto``).
 
 Failures: without wandb installed, ``logger=wandb`` is an error before any work; so is a
 ``wandb.init`` that fails (before generation starts: nothing is lost, the message names
@@ -51,7 +52,11 @@ TRACKED = ("latency_s", "accepted_length", "target_forwards", "step_tv")
 SPEED_METRICS = frozenset({
     "accepted_length", "exact_accepted_length", "sampled_accepted_length", "latency_s", "signal_s", "decode_s",
     "target_forwards", "draft_forwards", "images_per_s", "speedup", "speedup_per_accepted_length",
-    "speedup_without_signals", "acceptance_rate", "resample_rounds", "fallbacks", "peak_memory_gib", "resolution"})
+    "speedup_without_signals", "speedup_vs_fastest_ar", "acceptance_rate", "resample_rounds", "fallbacks", "peak_memory_gib", "resolution"})
+# the Pareto charts: (key prefix, x: a speed-up, its title, {} = the fastest AR's tag), the two speed-ups
+# labelled apart (coolsd.job.summary.FASTEST_AR_REFERENCE)
+PARETO_AXES = (("pareto", "speedup", "speed-up over same-mode AR"),
+               ("pareto_fastest_ar", "speedup_vs_fastest_ar", "speed-up over the fastest AR ({})"))
 # the logger settings a run folder keeps for ``coolsd.cli.merge`` (its ``WANDB_FILE``)
 WANDB_FILE = "wandb.json"
 
@@ -91,7 +96,8 @@ def summary_rows(results: dict) -> list[dict]:
     rows = []
     for tag, metrics in results.items():
         params = metrics.get("params") or {}
-        r: dict = {"tag": tag, "family": params.get("method", tag), "params": json.dumps(params, sort_keys=True)}
+        r: dict = {"tag": tag, "family": params.get("method", tag), "params": json.dumps(params, sort_keys=True),
+                   **({"fastest_ar": metrics["fastest_ar"]} if metrics.get("fastest_ar") else {})}
         for name, v in metrics.items():
             p = _point(v)
             if p is not None:
@@ -282,14 +288,15 @@ class WandbLogger(NullLogger):
             cols = list(dict.fromkeys(k for r in rows for k in r))
             table = self.wandb.Table(columns=cols, data=[[r.get(c) for c in cols] for r in rows])
             out = {"summary/table": table}
-            x = ["speedup", "speedup_lo", "speedup_hi"]
-            for m in quality_metrics(rows):
-                pts = [r for r in rows if r.get("speedup") is not None and r.get(m) is not None]
-                if not pts:
-                    continue
-                cols = ["tag", "family", *x, m, m + "_lo", m + "_hi"]
-                t = self.wandb.Table(columns=cols, data=[[r.get(c) for c in cols] for r in pts])
-                out[f"pareto/{m}"] = self.wandb.plot.scatter(t, "speedup", m, title=f"{m} vs speed-up over AR")
+            fastest = next((r["fastest_ar"] for r in rows if r.get("fastest_ar")), None)
+            for key, x, title in PARETO_AXES:
+                for m in quality_metrics(rows):
+                    pts = [r for r in rows if r.get(x) is not None and r.get(m) is not None]
+                    if not pts:
+                        continue
+                    cols = ["tag", "family", x, x + "_lo", x + "_hi", m, m + "_lo", m + "_hi"]
+                    t = self.wandb.Table(columns=cols, data=[[r.get(c) for c in cols] for r in pts])
+                    out[f"{key}/{m}"] = self.wandb.plot.scatter(t, x, m, title=f"{m} vs {title.format(fastest)}")
             for p in map(Path, figures):
                 out[f"figures/{p.stem}"] = self.wandb.Image(str(p))
             self._ensure().log(out)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import OmegaConf
 
-from coolsd.job.summary import metric_ci
+from coolsd.job.summary import FASTEST_AR, metric_ci
 from coolsd.job.tracking import WANDB_FILE, make_logger, quality_metrics, summary_rows
 from coolsd.report.plots import pareto_plot
 from coolsd.report.sweep import ROOT, sweep_frame
@@ -68,14 +68,17 @@ def summary_frame(df: pd.DataFrame, metrics=("accepted_length", "latency_s", "ta
     """One row per configuration (``config``) of a consolidated table: for each metric its mean
     and 95% CI over samples (columns m, m_lo, m_hi; the interval of its domain,
     ``coolsd.job.summary.metric_ci``; NaN bounds with one sample), and ``speedup`` = mean AR latency / mean
-    latency with a paired bootstrap CI, where AR (the run's one ``ar`` configuration; for CSpD's
-    exact mode ``ar final_noise=True``) ran in the same run on the same prompts (docs/methods.md#6-evaluation-protocol).
+    latency with a paired bootstrap CI, where AR (the run's one ``ar`` configuration in its own mode; for
+    CSpD's exact mode ``ar final_noise=True``) ran in the same run on the same prompts (docs/methods.md#6-evaluation-protocol);
+    ``speedup_vs_fastest_ar`` the same against the run's fastest AR (``_fastest_ar_latency``).
     Columns ``tag`` (= config) and ``family`` (the method) fit ``pareto_plot``."""
     rows = []
-    is_ar = df["config"].str.split(" ").str[0] == "ar"
+    # the same-mode AR; a run's compiled AR beside it (tag ar_compiled) is a configuration of its own
+    is_ar = (df["config"].str.split(" ").str[0] == "ar") & (df["method"] != FASTEST_AR)
     ar = df[is_ar].set_index(["run", "prompt_index"])["latency_s"]
     if ar.index.duplicated().any():
         raise ValueError("a run holds more than one AR configuration: speed-ups would be ambiguous")
+    refs = {"speedup": ar, "speedup_vs_fastest_ar": _fastest_ar_latency(df, ar)}
     for config, g in df.groupby("config", sort=False):
         r = {"tag": config, "family": config.split(" ")[0], "n": len(g), "runs": g["run"].nunique()}
         for k in metrics:
@@ -83,11 +86,24 @@ def summary_frame(df: pd.DataFrame, metrics=("accepted_length", "latency_s", "ta
                 c = metric_ci(k, g[k])
                 r[k], r[k + "_lo"], r[k + "_hi"] = c["mean"], c.get("lo", float("nan")), c.get("hi", float("nan"))
         keys = list(zip(g["run"], g["prompt_index"]))
-        if "latency_s" in g and all(key in ar.index for key in keys):
-            s = ratio_ci(ar.loc[keys].to_numpy(), g["latency_s"].to_numpy(), paired=True)
-            r["speedup"], (r["speedup_lo"], r["speedup_hi"]) = s["mean"], s.get("ci95", (float("nan"),) * 2)
+        for name, ref in refs.items():
+            if "latency_s" in g and all(key in ref.index for key in keys):
+                s = ratio_ci(ref.loc[keys].to_numpy(), g["latency_s"].to_numpy(), paired=True)
+                r[name], (r[name + "_lo"], r[name + "_hi"]) = s["mean"], s.get("ci95", (float("nan"),) * 2)
         rows.append(r)
     return pd.DataFrame(rows)
+
+
+def _fastest_ar_latency(df: pd.DataFrame, ar: pd.Series) -> pd.Series:
+    """(run, prompt_index) -> latency of each run's fastest AR: its ``ar_compiled`` where that ran
+    with a lower mean latency than its same-mode AR ``ar`` (or alone), else ``ar``; never a mix of the
+    two within a run."""
+    compiled = df[df["method"] == FASTEST_AR].set_index(["run", "prompt_index"])["latency_s"]
+    parts = []
+    for run in dict.fromkeys([*ar.index.get_level_values(0), *compiled.index.get_level_values(0)]):
+        same, comp = (s[s.index.get_level_values(0) == run] for s in (ar, compiled))
+        parts.append(comp if len(comp) and (not len(same) or comp.mean() < same.mean()) else same)
+    return pd.concat(parts) if parts else ar
 
 
 def sweep_results(runs) -> dict:

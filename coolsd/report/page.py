@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from coolsd.job.summary import metric_ci
+from coolsd.job.summary import AR, fastest_ar, metric_ci
 from coolsd.metrics.token_maps import token_grid
 from coolsd.report.consolidate import find_runs
 from coolsd.report.plots import pareto_plot
@@ -39,7 +39,9 @@ from coolsd.util.records import read_records
 from coolsd.util.stats import ratio_ci
 
 # the table's first columns, in this order; every other number of the summary follows
-CORE = ("accepted_length", "latency_s", "speedup", "step_tv", "target_nll_minus_ar")
+CORE = ("accepted_length", "latency_s", "speedup", "speedup_vs_fastest_ar", "step_tv", "target_nll_minus_ar")
+# headers that must not read alike: the two speed-ups differ in their AR (coolsd.job.summary.FASTEST_AR_REFERENCE)
+HEADERS = {"speedup": "speed-up (same-mode AR)", "speedup_vs_fastest_ar": "speed-up (fastest AR)"}
 PARETO_METRICS = ("fid", "toy_fid", "clip_score", "toy_clip", "image_reward", "step_tv")
 # record fields that are a per-image number but not a metric of the method
 NOT_METRICS = {"prompt_index", "seed", "batch_size", "compilations"}
@@ -66,13 +68,15 @@ class Run:
 
 
 def table_from_records(records: list[dict]) -> dict:
-    """{tag: {"params", <metric>: metric_ci, "speedup": paired ratio_ci against ``ar``}} of every
-    numeric per-image field the records share: the table of a run folder without a summary."""
+    """{tag: {"params", <metric>: metric_ci, "speedup": paired ratio_ci against ``ar``,
+    "speedup_vs_fastest_ar": the same against the faster of ``ar`` and ``ar_compiled``, "fastest_ar"}}
+    of every numeric per-image field the records share: the table of a run folder without a summary."""
     by_tag: dict[str, list[dict]] = {}
     for r in records:
         if "error" not in r:  # a failed sample (no image, no numbers) is shown on the page, not averaged
             by_tag.setdefault(r["method"], []).append(r)
-    ar = {r["prompt_index"]: r.get("latency_s") for r in by_tag.get("ar", [])}
+    fastest = fastest_ar(by_tag)
+    refs = {"speedup": AR, **({"speedup_vs_fastest_ar": fastest} if fastest else {})}
     table = {}
     for tag, rows in by_tag.items():
         e = {"params": rows[0].get("params") or {"method": tag}}
@@ -82,10 +86,14 @@ def table_from_records(records: list[dict]) -> dict:
             vals = [r[k] for r in rows if isinstance(r.get(k), (int, float))]
             if len(vals) == len(rows):
                 e[k] = metric_ci(k, vals)
-        pairs = [(ar[r["prompt_index"]], r["latency_s"]) for r in rows
-                 if ar.get(r["prompt_index"]) and r.get("latency_s")]
-        if ar and len(pairs) == len(rows):
-            e["speedup"] = ratio_ci([a for a, _ in pairs], [b for _, b in pairs], paired=True)
+        for key, ref in refs.items():  # paired by prompt, only where every row has its reference's prompt
+            lat = {r["prompt_index"]: r.get("latency_s") for r in by_tag.get(ref, [])}
+            pairs = [(lat[r["prompt_index"]], r["latency_s"]) for r in rows
+                     if lat.get(r["prompt_index"]) and r.get("latency_s")]
+            if lat and len(pairs) == len(rows):
+                e[key] = ratio_ci([a for a, _ in pairs], [b for _, b in pairs], paired=True)
+        if "speedup_vs_fastest_ar" in e:
+            e["fastest_ar"] = fastest
         table[tag] = e
     return table
 
@@ -208,7 +216,7 @@ def build_page(runs: list[Run], out: Path, *, title: str = "Method comparison", 
     head = ['<th data-key="method" data-type="text">method</th>', '<th data-key="family" data-type="text">family</th>']
     extra = {True: "", False: ' class="extra"'}
     head += [f'<th data-key="{html.escape(k)}" data-type="num" title="{html.escape(k)}"{extra[main]}>'
-             f'{html.escape(k.replace("_", " "))}</th>' for k, main in cols]
+             f'{html.escape(HEADERS.get(k, k.replace("_", " ")))}</th>' for k, main in cols]
     body = []
     for _, r in df.iterrows():
         cells = [f'<td data-v="{html.escape(r["tag"])}" title="{html.escape(r["run"])}">{html.escape(r["tag"])}</td>',
@@ -271,7 +279,10 @@ def build_page(runs: list[Run], out: Path, *, title: str = "Method comparison", 
     run_lines = "".join(f"<li><code>{html.escape(_shown_path(r.folder))}</code>: target {html.escape(r.target)}, "
                         f"{len({x['prompt_index'] for x in r.records})} prompts, {len(r.table)} methods</li>"
                         for r in runs)
+    fastest = sorted({e["fastest_ar"] for run in runs for e in run.table.values() if e.get("fastest_ar")})
+    fastest_note = f" (here: {html.escape(', '.join(fastest))})" if fastest else ""
     return PAGE.format(title=html.escape(title), runs=run_lines, head="".join(head), body="".join(body),
+                       fastest=fastest_note,
                        pareto=pareto, checks=checks, sections="".join(sections), n_prompts=len(prompts),
                        vmax=f"{vmax:.3g}", colorbar=_data_uri(colorbar_png()), style=STYLE,
                        script=SCRIPT)
@@ -417,8 +428,10 @@ PAGE = """<!DOCTYPE html>
 Prompts: <input id="prompt-filter" type="search" placeholder="caption text or prompt index">
 showing <span id="shown">{n_prompts}</span> of {n_prompts}</div>
 <h2>Methods</h2>
-<p class="legend">Mean with its 95% CI below; speed-up against AR of the same run, paired by prompt.
-Click a header to sort.
+<p class="legend">Mean with its 95% CI below. Speed-up (same-mode AR): against AR of the same run in the
+same mode (eager, or compiled under compile=true), paired by prompt. Speed-up (fastest AR): against the faster
+of that AR and compiled AR (ar_compiled: static KV cache, CUDA graphs) timed on the same prompts{fastest};
+where only one AR ran, the two are equal. Click a header to sort.
 <label><input id="all-columns" type="checkbox"> all columns</label></p>
 <div class="tablewrap"><table id="methods"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>
 <h2>Pareto plots</h2>

@@ -7,7 +7,8 @@ from pathlib import Path
 import pandas as pd
 
 LOWER_IS_BETTER = {"fid", "toy_fid", "step_tv", "step_kl", "off_support"}  # the exact distortion signals
-X_LABELS = {"accepted_length": "accepted length (tokens / round)", "speedup": "speed-up over AR (same run)"}
+X_LABELS = {"accepted_length": "accepted length (tokens / round)", "speedup": "speed-up over same-mode AR (same run)",
+            "speedup_vs_fastest_ar": "speed-up over the fastest AR (same run)"}
 
 
 def pareto_plot(df: pd.DataFrame, path: Path, metrics: list[str], title: str,

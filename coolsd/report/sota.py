@@ -9,7 +9,8 @@ in parallel, ``World.row_parallel``: LlamaGen, Janus-Pro; not Lumina-mGPT or Emu
 Janus-Pro or Emu3, for which none is released). Columns: accepted tokens per target forward
 (image tokens / target forwards, per image: for drafted methods this differs from the accepted
 length only by the prefill), target forwards per image, latency, the speed-up over the AR row
-paired by prompt, the protocol's quality metrics (toy: toy_fid / toy_clip; real targets: FID and
+paired by prompt (AR in the same mode) and over the fastest AR measured (``speedup_vs_fastest_ar``:
+the faster of that AR and the compiled AR timed beside it on CUDA), the protocol's quality metrics (toy: toy_fid / toy_clip; real targets: FID and
 CLIP of ``coolsd.cli.evaluate`` under ``--protocol``, by default the SJD family's: pytorch-fid against
 COCO val2017, torchmetrics CLIP ViT-B/16 x 100; with ``--parti-tsv`` every row also runs on
 PartiPrompts, scored by CLIP only as in SJD: column ``clip_score_parti``), the exact distortion summed over the image
@@ -91,7 +92,8 @@ REPORTED = {
     },
 }
 COLUMNS = {"tokens_per_forward": "tokens / target forward", "target_forwards": "target forwards / image",
-           "latency_s": "latency (s)", "speedup": "speed-up vs AR", "step_tv": "step TV (sum/image)"}
+           "latency_s": "latency (s)", "speedup": "speed-up vs same-mode AR",
+           "speedup_vs_fastest_ar": "speed-up vs fastest AR", "step_tv": "step TV (sum/image)"}
 QUALITY = {"toy": ("toy_fid", "toy_clip"), "real": ("fid", "clip_score", "clip_score_parti")}
 
 
@@ -139,6 +141,7 @@ def build_table(target: str, table: dict, per_tag_records: dict, n_tokens: int, 
             have = k in df.columns and tag in df.index and pd.notna(df.loc[tag, k])
             for suffix in ("", "_lo", "_hi"):
                 row[k + suffix] = float(df.loc[tag, k + suffix]) if have and k + suffix in df.columns else None
+        row["fastest_ar"] = table.get(tag, {}).get("fastest_ar")
         rep = REPORTED.get(target, {}).get(tag)
         row["reported"] = (", ".join(f"{k} {v:.2f}" for k, v in rep.items() if k != "protocol") + f" [{rep['protocol']}]"
                            if rep else "-")
@@ -157,9 +160,14 @@ def write_tables(df: pd.DataFrame, out: Path, quality: tuple[str, ...], protocol
     for _, r in df.iterrows():
         cells = [ci_text(r, c, "{:.2f}" if c != "latency_s" else "{:.3f}") if r.get(c) is not None else "-" for c in cols]
         md.append(f"| {r['target']} | {r['method']} | " + " | ".join(cells) + f" | {r['reported']} |")
+    fastest = sorted({f"{r['target']}: {r['fastest_ar']}" for _, r in df.iterrows() if r.get("fastest_ar")})
     note = ("Ours: mean [95% CI] over prompts, every row on the same target, prompts and seeds, one protocol; "
-            "speed-up paired by prompt against the AR row. Reported: each paper's own numbers, comparable only within "
-            "that paper (different baselines, hardware and protocols).")
+            "speed-ups paired by prompt: vs same-mode AR against the AR row (AR in the rows' own mode, eager unless "
+            "compile=true), vs fastest AR against the faster of that AR and compiled AR (static KV cache, CUDA graphs; "
+            "timed beside the AR row on CUDA unless fastest_ar=false; where only one AR ran the two columns are equal)"
+            + (f", fastest AR: {', '.join(fastest)}" if fastest else "") + ". Reported: each paper's own numbers, "
+            "comparable only within that paper (different baselines, hardware and protocols; their speed-ups are "
+            "against eager PyTorch AR).")
     if protocol is not None:
         d = DESCRIPTION[protocol]
         note += (f" Quality ({protocol} protocol): FID {d['fid']}; CLIP {d['clip_score']}; prompts {d['prompts']}"

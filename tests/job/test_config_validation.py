@@ -83,6 +83,7 @@ REFUSED = [
     (["target.cfg_scale=inf"], "target.cfg_scale=inf"),
     (["shard.index=2", "shard.count=2"], "shard.index 2"),
     (["method=zipar", "method.window=8"], "method.window=8"),
+    (["fastest_ar=maybe"], "fastest_ar='maybe'"),
 ]
 
 
@@ -187,6 +188,11 @@ def test_run_job_checks_before_loading(tmp_path, monkeypatch, world_overrides):
     (["target=llamagen_xl", "target.device=cpu", "tree.draft_length=257"], r"llamagen_xl's 256 image tokens"),
     (["target=lumina_mgpt", "target.device=cpu", "tree.draft_length=2305"], r"lumina_mgpt's 2304 image tokens"),
     (["compile=true", "target=mar_h", "target.device=cpu", "method=cspd"], r"compile=true is not implemented for target=mar_h"),
+    (["fastest_ar=1"], r"fastest_ar=1 is invalid: valid: auto, true, false"),
+    (["fastest_ar=true", "target=mar_h", "target.device=cpu", "method=cspd"],
+     r"fastest_ar=true times compiled AR, which target=mar_h does not have \(.*toy.*\): set fastest_ar=auto or false"),
+    (["fastest_ar=true", "compile=true"], r"compile=true compiles the run's own ar already .*: set fastest_ar=auto or false"),
+    (["fastest_ar=true", "deterministic.batch_invariant=true"], r"batch_invariant=true excludes: set fastest_ar=auto"),
 ])
 def test_range_checks(overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -194,7 +200,9 @@ def test_range_checks(overrides, message):
 
 
 @pytest.mark.parametrize("overrides", [["dataset=imagenet", "dataset.n_prompts=50000"], ["tree.draft_length=64"],
-                                       ["dataset.offset=4990", "dataset.n_prompts=10"], ["sampling.top_k=null"]])
+                                       ["dataset.offset=4990", "dataset.n_prompts=10"], ["sampling.top_k=null"],
+                                       ["fastest_ar=true"], ["fastest_ar=false", "compile=true"],
+                                       ["fastest_ar=auto", "target=toy_continuous", "method=cspd"]])
 def test_in_range_values_pass(overrides):
     check_config(factories.compose(*overrides))
 

@@ -139,16 +139,18 @@ def test_merge_logs_the_pareto_charts_figure_and_summary_table(sweep):
     merged = next(v for k, v in sweep["runs"].items() if k.endswith("-merged"))[0]
     results = sweep["summary"]["results"]
     logged = {k for h in merged["history"] for k in h}
-    assert {"eagle/speedup", "eagle/speedup_lo", "eagle/toy_clip_hi", "ar/step_tv"} <= logged
-    for m in ("step_tv", "toy_clip"):  # a quality signal: a scatter chart of it against the speed-up
+    assert {"eagle/speedup", "eagle/speedup_lo", "eagle/toy_clip_hi", "ar/step_tv",
+            "eagle/speedup_vs_fastest_ar", "eagle/speedup_vs_fastest_ar_hi"} <= logged
+    for m in ("step_tv", "toy_clip"):  # a quality signal: a scatter chart of it against each speed-up
         assert f"_wandb/visualize/pareto/{m}" in merged["charts"]
+        assert f"_wandb/visualize/pareto_fastest_ar/{m}" in merged["charts"]
     assert not any("speedup" in c or "latency" in c or "_minus_ar" in c for c in merged["charts"])
     files = merged["dir"] / "files"
     (table_path,) = files.glob("media/table/summary/table_*.table.json")
     table = json.loads(table_path.read_text())
     rows = {r[table["columns"].index("tag")]: dict(zip(table["columns"], r)) for r in table["data"]}
-    assert set(rows) == {"ar", "eagle"}
-    for m in ("speedup", "toy_clip", "step_tv"):
+    assert set(rows) == {"ar", "eagle"} and rows["eagle"]["fastest_ar"] == "ar"  # the CPU: no compiled AR
+    for m in ("speedup", "speedup_vs_fastest_ar", "toy_clip", "step_tv"):
         e = results["eagle"][m]
         got = [rows["eagle"][m], rows["eagle"][m + "_lo"], rows["eagle"][m + "_hi"]]
         assert got == pytest.approx([e["mean"], *e["ci95"]])
@@ -156,6 +158,9 @@ def test_merge_logs_the_pareto_charts_figure_and_summary_table(sweep):
     chart = json.loads(chart_path.read_text())
     assert chart["columns"] == ["tag", "family", "speedup", "speedup_lo", "speedup_hi", "step_tv", "step_tv_lo",
                                 "step_tv_hi"] and len(chart["data"]) == 2
+    (chart_path,) = files.glob("media/table/pareto_fastest_ar/step_tv_table_*.table.json")
+    assert json.loads(chart_path.read_text())["columns"][2:5] == ["speedup_vs_fastest_ar", "speedup_vs_fastest_ar_lo",
+                                                                  "speedup_vs_fastest_ar_hi"]
     assert any("figures/pareto/path" in h for h in merged["history"])  # the plot with its error bars
     assert (sweep["out"] / "pareto.png").is_file()
 

@@ -77,6 +77,28 @@ def test_two_runs_with_the_same_tags_are_told_apart_and_images_can_be_linked(tmp
     assert 'data-key="toy_fid"' in page  # the summary's quality metric has a column
 
 
+def test_the_table_shows_both_speedups_labelled_apart(tmp_path):
+    """A run that timed compiled AR beside itself (``ar_compiled``, faster here): the table's speed-up
+    against same-mode AR stays against ``ar``; the one against the fastest AR is against ``ar_compiled``."""
+    folder = write_run(tmp_path / "run")
+    recs = [json.loads(x) for x in (folder / "samples.jsonl").read_text().splitlines()]
+    fast = [{**r, "method": "ar_compiled", "params": {"method": "ar", "compiled": True}, "latency_s": r["latency_s"] / 3}
+            for r in recs if r["method"] == "ar"]
+    with open(folder / "samples.jsonl", "a") as f:
+        f.writelines(json.dumps({k: v for k, v in r.items() if k != "image"}) + "\n" for r in fast)
+    run, = load_runs([folder])
+    lat = {t: [r["latency_s"] for r in recs + fast if r["method"] == t] for t in ("ar", "ar_compiled", "eagle")}
+    e = run.table["eagle"]
+    assert e["speedup"]["mean"] == pytest.approx(sum(lat["ar"]) / sum(lat["eagle"]))
+    assert e["speedup_vs_fastest_ar"]["mean"] == pytest.approx(sum(lat["ar_compiled"]) / sum(lat["eagle"]))
+    assert e["fastest_ar"] == "ar_compiled"
+    page = build_page([run], tmp_path / "page.html")
+    assert '<th data-key="speedup" data-type="num" title="speedup">speed-up (same-mode AR)</th>' in page
+    assert ('<th data-key="speedup_vs_fastest_ar" data-type="num" title="speedup_vs_fastest_ar">'
+            'speed-up (fastest AR)</th>') in page
+    assert "timed on the same prompts (here: ar_compiled)" in page
+
+
 @pytest.fixture
 def browser():
     if chromium() is None:
@@ -114,6 +136,10 @@ def test_the_page_in_a_headless_browser(tmp_path, browser):
 
     def order():
         return [r.get_attribute("data-method") for r in browser.find_elements(By.CSS_SELECTOR, "#methods tbody tr")]
+
+    heads = {h.get_attribute("data-key"): h.get_attribute("textContent")
+             for h in browser.find_elements(By.CSS_SELECTOR, "#methods th")}
+    assert heads["speedup"] == "speed-up (same-mode AR)" and heads["speedup_vs_fastest_ar"] == "speed-up (fastest AR)"
 
     by_acc = sorted(METHODS, key=lambda t: METHODS[t][0])
     assert order() == list(METHODS)

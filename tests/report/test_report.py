@@ -31,6 +31,7 @@ def fake_table():
                     "toy_fid": {"fid": 10 + k, "lo": 9 + k, "hi": 11 + k},
                     "toy_clip_minus_ar": _ci(-0.01 * k), "toy_fid_minus_ar": {"diff": float(k), "lo": k - 1.0, "hi": k + 1.0},
                     "speedup_per_accepted_length": (1 + k * 0.3) / (1 + k * 0.5),
+                    "speedup_vs_fastest_ar": _ci(0.5 + k * 0.15), "fastest_ar": "ar_compiled",
                     "target_nll_minus_ar": _ci(0.01 * k, 0.005), **({"step_tv": _ci(2.0 * k)} if k != 2 else {})}
     return out
 
@@ -59,6 +60,20 @@ def test_table2_layout_names_toy_metrics_and_shows_no_false_difference(tmp_path)
     assert md.splitlines()[6].endswith("| - | +0.0200 [+0.0150, +0.0250] | - | - |")  # no step TV for that row
     assert pd.read_csv(tmp_path / "table2.csv").shape[0] == len(df)
     assert r"\begin{tabular}" in (tmp_path / "table2.tex").read_text()
+
+
+def test_table2_shows_the_speedup_against_same_mode_ar_and_against_the_fastest_ar(tmp_path):
+    df = build_table("toy", fake_table())
+    assert df.loc[1, "speedup_ours"] == 1.3 and df.loc[1, "speedup_vs_fastest_ar"] == pytest.approx(0.65)
+    assert df.loc[1, "speedup_vs_fastest_ar_lo"] == pytest.approx(0.55) and (df["fastest_ar"] == "ar_compiled").all()
+    write_tables(df, tmp_path)
+    md = (tmp_path / "table2.md").read_text()
+    head = md.splitlines()[2]
+    assert "| speed-up (same-mode AR) ours | speed-up (same-mode AR) paper (diff) | speed-up (fastest AR) ours |" in head
+    assert "| 1.30 [1.20, 1.40] | - | 0.65 [0.55, 0.75] | 2.00 [1.90, 2.10] |" in md.splitlines()[5]  # Eagle-1
+    assert "fastest AR: toy: ar_compiled" in md and "against its eager PyTorch AR" in md
+    tex = (tmp_path / "table2.tex").read_text()
+    assert "speed-up (fastest AR) ours" in tex and "& 0.65 {[}0.55, 0.75{]}" in tex
 
 
 def test_real_targets_stop_before_work_naming_what_is_missing():
@@ -150,6 +165,30 @@ def test_summary_frame_pairs_speedups_with_ar_of_the_same_run(tmp_path):
         assert row["speedup"] == pytest.approx(ar.mean() / m.mean())  # AR of its own run, not of both
         assert row["speedup_lo"] < row["speedup"] < row["speedup_hi"]
         assert row["latency_s"] == pytest.approx(m.mean())
+        assert row["speedup_vs_fastest_ar"] == row["speedup"]  # no compiled AR in these runs: the fastest is ar
+
+
+def test_summary_frame_keeps_a_runs_compiled_ar_apart_and_takes_the_faster(tmp_path):
+    lat = _sweep_records(tmp_path / "mr", RUNS, 6)
+    rng = np.random.default_rng(2)
+    fast = {}
+    for k, run in enumerate(RUNS):  # run 0's compiled AR is faster than its ar, run 1's slower
+        w = RecordWriter(tmp_path / "mr" / run)
+        for i in range(6):
+            fast[(run, i)] = lat[(run, "ar", i)] * (0.5 if k == 0 else 2.0) * float(rng.uniform(0.9, 1.1))
+            w.append({"method": "ar_compiled", "params": {"method": "ar", "drafter": "none", "tree": "none",
+                                                          "compiled": True},
+                      "prompt_index": i, "seed": i, "accepted_length": 1.0, "latency_s": fast[(run, i)],
+                      "target_forwards": 64})
+    s = summary_frame(records_frame([tmp_path / "mr"])).set_index("tag")
+    assert "ar compiled=True" in s.index and s.loc["ar", "n"] == 12  # never pooled with ar
+    for k, (run, p) in enumerate(RUNS.items()):
+        m = np.array([lat[(run, "coolsd", i)] for i in range(6)])
+        ar = np.array([lat[(run, "ar", i)] for i in range(6)])
+        ref = np.array([fast[(run, i)] for i in range(6)]) if k == 0 else ar
+        row = s.loc[config_label(p)]
+        assert row["speedup"] == pytest.approx(ar.mean() / m.mean())
+        assert row["speedup_vs_fastest_ar"] == pytest.approx(ref.mean() / m.mean())
 
 
 def test_notebook_runs_on_a_consolidated_table(tmp_path, monkeypatch):
@@ -225,7 +264,8 @@ def test_wandb_offline_run_contains_the_logged_keys(tmp_path, monkeypatch):
 
     from google.protobuf.message import DecodeError
 
-    want = {"eagle/accepted_length", "eagle/accepted_length_lo", "ar/toy_fid_hi", "eagle/toy_fid_minus_ar"}
+    want = {"eagle/accepted_length", "eagle/accepted_length_lo", "ar/toy_fid_hi", "eagle/toy_fid_minus_ar",
+            "eagle/speedup", "eagle/speedup_vs_fastest_ar", "eagle/speedup_vs_fastest_ar_lo"}
     # W&B's service process may still be flushing the file after finish() (seen under load: a
     # truncated record, or the summary not written yet): read again until it holds the summary
     for attempt in range(120):

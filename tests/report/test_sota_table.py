@@ -30,6 +30,8 @@ def test_toy_sota_table_has_every_row_and_the_coupling_test(tmp_path):
     sota.write_tables(df, tmp_path, sota.QUALITY["toy"])
     md = (tmp_path / "sota.md").read_text()
     assert "| toy | GSD (G=14) |" in md and "| toy | SJD-PAC (width 4, depth 3) |" in md
+    assert "| speed-up vs same-mode AR | speed-up vs fastest AR |" in md  # the CPU: one AR, the two columns equal
+    assert (df["speedup_vs_fastest_ar"] == df["speedup"]).all() and (df["fastest_ar"] == "ar").all()
     x = sota.coupling_test(recs)
     assert x["n"] == 2 and x["metric"] == "target_forwards" and "MC-SJD (maximal) - SJD" in sota.coupling_line(x)
     # the Jacobi rows ran at the toy window, drafted rows as chains of 4
@@ -37,6 +39,20 @@ def test_toy_sota_table_has_every_row_and_the_coupling_test(tmp_path):
     # ZipAR at window 4 on 8 x 8 tokens: 2 * 8 + 6 * 4 = 40 forwards (docs/methods.md section 8.1), lossy
     zipar = df.set_index("method").loc["ZipAR (window 8; toy 4)"]
     assert abs(zipar["tokens_per_forward"] - 64 / 40) < 1e-9 and zipar["step_tv"] > 0
+
+
+def test_sota_table_shows_both_speedups_and_names_the_fastest_ar(tmp_path):
+    rows = sota.rows_for("toy")
+    table = {tag: {"params": {"method": m}, "speedup": {"mean": 2.0 + k, "ci95": [1.5 + k, 2.5 + k]},
+                   "speedup_vs_fastest_ar": {"mean": 0.5 + k, "ci95": [0.25 + k, 0.75 + k]}, "fastest_ar": "ar_compiled"}
+             for k, (_, tag, m, _) in enumerate(rows)}
+    recs = {tag: [{"target_forwards": 32}, {"target_forwards": 16}] for _, tag, _, _ in rows}
+    df = sota.build_table("toy", table, recs, 64)
+    sota.write_tables(df, tmp_path, sota.QUALITY["toy"])
+    md = (tmp_path / "sota.md").read_text()
+    assert "| speed-up vs same-mode AR | speed-up vs fastest AR |" in md and "fastest AR: toy: ar_compiled" in md
+    eagle = next(line for line in md.splitlines() if line.startswith("| toy | EAGLE-1 |"))
+    assert "| 3.00 [2.50, 3.50] | 1.50 [1.25, 1.75] |" in eagle
 
 
 @pytest.mark.parametrize("target", ["lumina_mgpt", "llamagen_xl"])

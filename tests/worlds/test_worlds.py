@@ -41,7 +41,7 @@ RUNS = {
 TIMING = ("latency_s", "signal_s", "decode_s", "hardware", "batch_size", "draft_forwards")  # draft_forwards: per batch
 # summary fields measured in seconds (they differ between any two runs)
 TIMED = ("latency_s", "signal_s", "decode_s", "images_per_s", "speedup", "speedup_per_accepted_length",
-         "speedup_without_signals")
+         "speedup_without_signals", "speedup_vs_fastest_ar", "fastest_ar")  # fastest_ar: the AR of lower latency
 
 
 def test_every_registered_world_has_its_conf_and_every_conf_a_world():
