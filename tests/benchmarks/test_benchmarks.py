@@ -32,6 +32,27 @@ def _load(name):
     return load_benchmark(name)
 
 
+def test_the_demo_checks_list_what_a_tree_leaves_undefined_instead_of_failing():
+    """On a tree (``--tree mc_sim_7b_63``) the exact distortion and the expected NLL are chain-only
+    (None in the records, absent from the table): those checks are listed as not checked, the
+    others still run."""
+    checks = _load("toy_sweep").distortion_checks
+    ci = {"mean": 0.01, "ci95": [-0.1, 0.1]}
+    rec = {"step_tv": None, "target_nll": 1.0, "target_nll_expected": None}
+    outputs = {t: ([{**rec, "step_tv": 0.0} if t in ("eagle", "sjd") else rec], None)
+               for t in ("ar", "eagle", "sjd", "coolsd_2")}
+    table = {"eagle": {"params": {"method": "eagle"}, "target_nll_minus_ar": ci},
+             "sjd": {"params": {"method": "sjd"}, "target_nll_minus_ar": ci},
+             "coolsd_2": {"params": {"method": "coolsd", "delta": 2.0}, "target_nll_minus_ar": ci}}
+    lines = checks(outputs, table)
+    assert "- ok: eagle: step_tv is exactly 0 on every image (max |step_tv| = 0)" in lines
+    assert any(x.startswith("- not checked: coolsd: step_tv positive") for x in lines)
+    assert any(x.startswith("- ok: sjd: NLL shift vs AR") for x in lines)
+    assert any(x.startswith("- not checked: eagle: expected-NLL shift") for x in lines)
+    assert sum(x.startswith("- not checked:") and "sampled NLL" in x for x in lines) == 4
+    assert not any("FAILED" in x for x in lines)
+
+
 def test_toy_throughput_smoke_run_and_the_batch_invariant_rows(tmp_path):
     """benchmarks/toy_throughput.py on 3 prompts (batch 2: a full batch and a remainder): every
     (batch, method, flag) row, and with ``batch_invariant`` the batch-2 images equal the batch-1
