@@ -1,9 +1,12 @@
 """A static per-layer KV cache with per-sample committed lengths and tree-shaped pending entries.
 
-Every layer's keys and values are views of ONE buffer ``kv`` (2 * n_layers, B, H, max_len, head_dim):
-keys of layer i at 2i, values at 2i + 1, so a commit moves the kept entries of every layer in a few
-ops (a tree round's commit was 4 kernels a buffer, 8 a layer). Layout of sample b in each view
-(B, H, max_len, head_dim):
+Eager (``static=False``), every layer's keys and values are views of ONE buffer ``kv`` (2 * n_layers, B,
+H, max_len, head_dim): keys of layer i at 2i, values at 2i + 1, so a commit moves the kept entries of
+every layer in a few ops (a tree round's commit was 4 kernels a buffer, 8 a layer). Static (compiled),
+each layer's keys and values are buffers of their own (``kv`` is None): Inductor writes a forward's
+entries into a graph input in place, where a write into a view of one shared input costs it two more
+kernels a buffer (functionalization rebuilds and copies back the base), and it fuses a commit's
+per-buffer ops itself. Layout of sample b in each buffer (B, H, max_len, head_dim):
     slots [0, length[b])                    committed entries, in sequence order
     slots [length[b], length[b] + n_pending) pending entries, in the order forwards added them
     slots beyond                            free (stale values, never attended)
@@ -65,8 +68,13 @@ class KVCache:
         static: bool = False,
         max_committed: Optional[int] = None,
     ):
-        self.kv = torch.zeros(2 * n_layers, batch_size, n_heads, max_len, head_dim, dtype=dtype, device=device)
-        self._views()
+        if static:  # a buffer a layer: compiled writes land in the graph's inputs (see the module docstring)
+            self.kv = None
+            self.k, self.v = ([torch.zeros(batch_size, n_heads, max_len, head_dim, dtype=dtype, device=device)
+                               for _ in range(n_layers)] for _ in range(2))
+        else:
+            self.kv = torch.zeros(2 * n_layers, batch_size, n_heads, max_len, head_dim, dtype=dtype, device=device)
+            self._views()
         self.batch_size = batch_size
         self.device = torch.device(device)
         self.dtype = dtype
@@ -78,7 +86,7 @@ class KVCache:
         if static:  # compiled graphs mutate these in place: static addresses, so CUDA graphs capture them
             from torch._dynamo import mark_static_address
 
-            for t in (self.kv, *self.k, *self.v, self.length, self.hidden_slots):
+            for t in (*self.k, *self.v, self.length, self.hidden_slots):
                 mark_static_address(t)
 
     def _views(self) -> None:
@@ -89,14 +97,14 @@ class KVCache:
 
     @property
     def max_len(self) -> int:
-        return self.kv.shape[3]
+        return self.k[0].shape[2]
 
     def matches(self, n_layers: int, batch_size: int, n_heads: int, head_dim: int, dtype, device) -> bool:
         """Whether this cache can be reused (after ``reset``) for the given shape."""
+        B, H, _, D = self.k[0].shape
         return (
-            self.kv.shape[0] == 2 * n_layers
-            and self.kv.shape[1:3] == (batch_size, n_heads)
-            and self.kv.shape[4] == head_dim
+            len(self.k) == n_layers
+            and (B, H, D) == (batch_size, n_heads, head_dim)
             and self.dtype == dtype
             and self.device == torch.device(device)
         )
@@ -287,9 +295,10 @@ class KVCache:
             src = self.length.unsqueeze(1) + keep[:, :K].clamp(0, P - 1)
             dst = self.length.unsqueeze(1) + j
             b = torch.arange(self.batch_size, device=self.device).unsqueeze(1)
-            # every layer's keys and values at once: (B, K, 2 * n_layers, H, D), a copy (src/dst may overlap)
-            moved = self.kv[:, b, :, src]
-            self.kv[:, b, :, dst] = torch.where(valid[:, :, None, None, None], moved, self.kv[:, b, :, dst])
+            keep_it = valid[:, :, None, None]
+            for buf in (*self.k, *self.v):  # compiled, each buffer's gather, select and write fuse into one kernel
+                moved = buf[b, :, src]  # (B, K, H, D), a copy (src/dst may overlap)
+                buf[b, :, dst] = torch.where(keep_it, moved, buf[b, :, dst])
             self._unhide(dst, valid, hide, K)
         self.length += n_keep
         self.n_pending = 0
