@@ -55,3 +55,26 @@ def commit_and_continue(target, prompts, rows, kept, tree, draw):
     last = target.forward(new, t_len[:, None] + torch.arange(3), torch.ones(3, 3, dtype=torch.bool).tril()).logits
     seqs = [torch.cat([prefix[i], t1[i, kept[b]]]) for i, b in enumerate(rows)]
     return torch.cat([l1, l2], 1), last, seqs, t2, new
+
+
+def reused_cache_check(make_target, short, long, n_tokens: int, vocab: int) -> float:
+    """A target reuses its KV cache across batches. Begun on the prompt ``short``, then on the
+    longer ``long`` (a cache that still holds it), its AR logits over a whole image of random codes
+    must be a fresh target's on ``long``: the cache's host bound of the committed length must be
+    the new sequence's (a bound kept from the short prompt hides the last committed entries from
+    the last tokens). Returns the largest difference."""
+    codes = torch.randint(0, vocab, (1, n_tokens), generator=torch.Generator().manual_seed(5))
+
+    def logits(target, cond):
+        outs = [target.begin([cond], 1).logits]
+        for t in range(n_tokens - 1):
+            outs.append(target.forward(codes[:, t : t + 1], torch.tensor([[t]]), torch.ones(1, 1, dtype=torch.bool)).logits)
+            target.commit(None, torch.ones(1, dtype=torch.long))
+        return torch.cat(outs, 1)
+
+    reused = make_target()
+    logits(reused, short)
+    cache = reused.cache
+    got = logits(reused, long)
+    assert reused.cache is cache, "the check needs a reused cache: make the long prompt fit the short one's cache"
+    return float((got - logits(make_target(), long)).abs().max())

@@ -236,7 +236,7 @@ class Emu3Target(RowEndTarget):
         # entries of a round (cache_headroom), so a decode never grows the cache
         need = prefix_len + self.n_image_tokens + self.h_latent + self.cache_headroom
         if self.cache is not None and self.cache.matches(*shape) and self.cache.fits(need):
-            self.cache.reset()
+            self.cache.reset(max_committed=need - self.cache_headroom)
             return self.cache
         self.cache = None  # the old cache's last reference: freed before the new one is allocated
         return KVCache(*shape[:4], -(-need // 64) * 64, m.dtype, m.device, max_committed=need - self.cache_headroom)

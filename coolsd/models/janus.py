@@ -268,7 +268,7 @@ class JanusTarget:
         # the sequence's known maximum: prompt, every image token and a round's pending entries
         need = prefix_len + self.n_image_tokens + self.cache_headroom
         if self.cache is not None and self.cache.matches(*shape) and self.cache.fits(need):
-            self.cache.reset()
+            self.cache.reset(max_committed=need - self.cache_headroom)
         else:
             self.cache = None  # the old cache's last reference: freed before the new one is allocated
             self.cache = KVCache(layers, n, heads, head_dim, -(-need // 64) * 64, self.dtype, self.device,

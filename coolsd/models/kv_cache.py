@@ -114,10 +114,15 @@ class KVCache:
         are specialised to the buffer shape), a dynamic one at least."""
         return self.max_len == max_len if self.static else self.max_len >= max_len
 
-    def reset(self) -> None:
+    def reset(self, max_committed: Optional[int] = None) -> None:
         """Empty the cache for a new sequence. Every tensor keeps its storage (``length`` and
         ``hidden_slots`` are zeroed in place), so a reused cache keeps every buffer's address
-        across images: graphs captured over them (CUDA graphs, ``coolsd.engine.compiled``) stay valid."""
+        across images: graphs captured over them (CUDA graphs, ``coolsd.engine.compiled``) stay valid.
+        ``max_committed``: the new sequence's most committed entries, where its owner knows it (a
+        prompt of another length than the last one's): the cap of the host's bound is the new
+        sequence's, never the last one's (a cap too small would leave committed entries unseen)."""
+        if max_committed is not None:
+            self.cap = max_committed
         B = self.batch_size
         if getattr(self, "length", None) is not None:
             self.length.zero_()

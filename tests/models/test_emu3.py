@@ -35,7 +35,7 @@ from coolsd.util.loading import BadInputFile, MissingInputFile
 from factories import (EMU3_CODES, EMU3_GRID, EMU3_IMAGE_AREA, EMU3_SPECIAL, EMU3_VOCAB, emu3_vocabulary_map,
                        tiny_emu3, write_emu3_folder)
 from protocol_checks import commit_and_continue as continue_after_commits
-from protocol_checks import path_to, run_tree_round
+from protocol_checks import path_to, reused_cache_check, run_tree_round
 
 TOL = 1e-10
 TOL_EAGER = 1e-5  # eager attention's softmax runs in float32 even for a float64 model
@@ -325,3 +325,11 @@ def test_bad_conditions_are_one_line_errors():
     with pytest.raises(RuntimeError, match="call begin"):
         make_target().forward(torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long),
                               torch.ones(1, 1, dtype=torch.bool))
+
+
+def test_reused_cache_holds_a_longer_prompt():
+    """As ``test_lumina``'s: a reused cache decodes a longer prompt as a fresh target does."""
+    short = Emu3Prompt([BOS, 54, *HEADER], [BOS, 62, *HEADER])
+    long = Emu3Prompt([BOS, *range(54, 62), *range(54, 62), *HEADER], [BOS, 62, 63, 64, *HEADER])
+    diff = reused_cache_check(lambda: make_target(cache_headroom=8), short, long, GRID * GRID, K)
+    assert diff <= 1e-5, diff

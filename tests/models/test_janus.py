@@ -35,7 +35,7 @@ from coolsd.models.janus import JanusTarget, JanusTokens, pixels_uint8, prompt_i
 from factories import (JANUS_CODES as N_CODES, JANUS_SIDE as SIDE, JANUS_TOKENS as TOKENS, tiny_janus,
                        write_janus_folder, write_janus_tokenizer)
 from protocol_checks import commit_and_continue as continue_after_commits
-from protocol_checks import path_to, run_tree_round
+from protocol_checks import path_to, reused_cache_check, run_tree_round
 
 TOL = 1e-9
 TOL_EAGER = 1e-5  # eager attention's softmax runs in float32 even for a float64 model
@@ -338,3 +338,10 @@ def test_loading_is_strict_and_gives_the_saved_model(tmp_path):
     (d / "config.json").unlink()
     with pytest.raises(FileNotFoundError, match="no config.json"):
         load_janus(d)
+
+
+def test_reused_cache_holds_a_longer_prompt(model):
+    """As ``test_lumina``'s: a reused cache decodes a longer prompt as a fresh target does."""
+    long = [1, *range(10, 30), 4]
+    diff = reused_cache_check(lambda: make_target(model, cache_headroom=8), [1, 10, 4], long, N, N_CODES)
+    assert diff <= 1e-9, diff
