@@ -51,6 +51,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from coolsd.engine.compiled import compiling
 from coolsd.models.blocks import GatedMLP, RMSNorm, compute_dtype as _compute_dtype
 from coolsd.models.kv_cache import KVCache
 from coolsd.util.loading import MissingInputFile, read_json, reading
@@ -139,7 +140,9 @@ def _inv_freq(head_dim: int, theta: float, dtype: torch.dtype, device: torch.dev
 def rope_1d(positions: torch.Tensor, cfg: ChameleonConfig, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """(cos, sin), each (B, m, head_dim // 2), for logical positions (B, m); the upstream table
     is these values duplicated over both halves (``emb = cat(freqs, freqs)``)."""
-    freqs = positions.to(dtype).unsqueeze(-1) * _inv_freq(cfg.head_dim, cfg.rope_theta, dtype, positions.device)
+    # traced (torch.compile), the table is computed in the graph: Dynamo would skip the cache wrapper anyway
+    inv_freq = (_inv_freq.__wrapped__ if compiling() else _inv_freq)(cfg.head_dim, cfg.rope_theta, dtype, positions.device)
+    freqs = positions.to(dtype).unsqueeze(-1) * inv_freq
     return torch.cos(freqs), torch.sin(freqs)
 
 

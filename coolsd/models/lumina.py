@@ -161,6 +161,14 @@ class ImageVocab:
         return match.long().argmax(-1)
 
 
+def id_list(ids) -> list[int]:
+    """A prompt's ids as a list: a list or tuple as it is (host data: no tensor made and read back),
+    a tensor flattened."""
+    if isinstance(ids, (list, tuple)):
+        return [int(i) for i in ids]
+    return torch.as_tensor(ids, dtype=torch.long, device="cpu").flatten().tolist()
+
+
 # ---------------------------------------------------------------------------------------- target
 class LuminaTarget(RowEndTarget):
     """``ImageTarget`` over a ``ChameleonLM`` (see the module docstring for the token layout).
@@ -187,6 +195,7 @@ class LuminaTarget(RowEndTarget):
         tokens: LuminaTokens = LuminaTokens(),
         cache_headroom: int = 128,
         prefill_features: str = "last",
+        compile: bool = False,
     ):
         if h_latent % 2 or w_latent % 2 or h_latent < 2 or w_latent < 2:
             raise ValueError(
@@ -205,8 +214,10 @@ class LuminaTarget(RowEndTarget):
         self.tokens = tokens
         self.cfg_scale = float(cfg_scale)
         self.decoder = decoder
-        self.cache_headroom = cache_headroom
-        self._init_grid(h_latent, w_latent, vocab.code_to_bpe)  # image codes = their BPE ids' embeddings
+        # spare slots for a round's pending entries; compiled, every token has an end-of-line slot: twice as many
+        self.cache_headroom = 2 * cache_headroom if compile else cache_headroom
+        # image codes = their BPE ids' embeddings; compile: forwards under torch.compile (``RowEndTarget``)
+        self._init_grid(h_latent, w_latent, vocab.code_to_bpe, compile=compile)
 
     @property
     def row_end_id(self) -> int:
@@ -225,12 +236,14 @@ class LuminaTarget(RowEndTarget):
         # the sequence's known maximum: prefix, every image token, a newline per row and the pending
         # entries of a round (cache_headroom), so a decode never grows the cache
         need = prefix_len + self.n_image_tokens + self.h_latent + self.cache_headroom
-        if self.cache is not None and self.cache.matches(*shape) and self.cache.fits(need):
-            self.cache.reset()
+        # reused while it holds the sequence (a static cache too: its graphs are over its buffer,
+        # whatever the prompt's length), so every batch of a compiled run runs the same graphs
+        if self.cache is not None and self.cache.matches(*shape) and self.cache.max_len >= need:
+            self.cache.reset(max_committed=need - self.cache_headroom)
             return self.cache
         self.cache = None  # the old cache's last reference: freed before the new one is allocated (peak: one cache)
         return KVCache(cfg.num_layers, n, cfg.num_heads, cfg.head_dim, -(-need // 64) * 64, m.dtype, m.device,
-                       max_committed=need - self.cache_headroom)
+                       static=self.compiled, max_committed=need - self.cache_headroom)
 
     def _out(self, hidden: torch.Tensor) -> StepOut:
         logits = self.model.logits(hidden, rows=self._rows)
@@ -251,7 +264,7 @@ class LuminaTarget(RowEndTarget):
         V = model.config.vocab_size
         prompts = []
         for p in cond:
-            ids = torch.as_tensor(p, dtype=torch.long, device="cpu").flatten().tolist()
+            ids = id_list(p)
             if not ids or min(ids) < 0 or max(ids) >= V:
                 raise ValueError(f"prompt ids must be a non-empty sequence of ids in [0, {V})")
             prompts.append(ids)
@@ -325,6 +338,7 @@ def load_lumina_target(
     device: torch.device | str = "cpu",
     vq_config=None,
     prefill_features: str = "last",
+    compile: bool = False,
 ) -> LuminaTarget:
     """The real target from local files: the Lumina-mGPT checkpoint folder (config.json with
     ``vocabulary_map``, safetensors shards; huggingface.co/Alpha-VLLM/Lumina-mGPT-7B-768) and
@@ -339,9 +353,9 @@ def load_lumina_target(
         tokens.grid_token(h_latent // 2, vmap), tokens.grid_token(w_latent // 2, vmap)
     decoder = None if vqgan_ckpt is None else load_vqgan(vqgan_ckpt, vq_config, device=device)
     return LuminaTarget(model, vocab, h_latent=h_latent, w_latent=w_latent, cfg_scale=cfg_scale,
-                        decoder=decoder, tokens=tokens, prefill_features=prefill_features)
+                        decoder=decoder, tokens=tokens, prefill_features=prefill_features, compile=compile)
 
 
 __all__ = [
-    "ImageVocab", "LuminaTarget", "LuminaTokens", "PROMPT_TEMPLATE", "load_lumina_target", "prompt_ids", "prompt_text",
+    "ImageVocab", "LuminaTarget", "LuminaTokens", "PROMPT_TEMPLATE", "load_lumina_target", "id_list", "prompt_ids", "prompt_text",
 ]

@@ -28,6 +28,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from coolsd.engine.batch_invariant import commit_each, forward_each
+from coolsd.engine.compiled import compile_step
 from coolsd.engine.host_reads import host_checks
 from coolsd.engine.model_protocol import StepOut
 from coolsd.models.kv_cache import KVCache
@@ -50,17 +51,20 @@ def logical_offset(j: torch.Tensor, w_latent: int) -> torch.Tensor:
 
 
 def plan_forward(j: torch.Tensor, attend: torch.Tensor, p_int: torch.Tensor, p_nl: torch.Tensor, n_pending: int,
-                 w_latent: int, n_image_tokens: int) -> RowEndStep:
+                 w_latent: int, n_image_tokens: int, every_slot: bool = False) -> RowEndStep:
     """The internal mask, positions and bookkeeping of a forward of m image tokens at indices ``j``
     (B, m) whose caller mask ``attend`` (B, m, P + m) is over the caller's P pending entries then the
-    new ones; ``p_int`` / ``p_nl`` the bookkeeping so far, ``n_pending`` the cache's pending count."""
+    new ones; ``p_int`` / ``p_nl`` the bookkeeping so far, ``n_pending`` the cache's pending count.
+    ``every_slot``: every token column gets an end-of-line slot (k = m), used only where it ends a
+    row, so that the shapes depend on m alone (the compiled path: no host read of ``j``)."""
     B, m = j.shape
     P, Pi, dev = p_int.numel(), n_pending, j.device
     ar_m = torch.arange(m, device=dev)
 
     # row ends that get an end-of-line: (j + 1) % w == 0, not the last row
     row_end = ((j + 1) % w_latent == 0) & (j + 1 < n_image_tokens) & (j >= 0)
-    cols = torch.nonzero(row_end.any(0)).flatten()  # token columns that get an end-of-line slot
+    # token columns that get an end-of-line slot
+    cols = ar_m if every_slot else torch.nonzero(row_end.any(0)).flatten()
     k = cols.numel()
     ar_k = torch.arange(k, device=dev)
     slot_of = torch.full((m,), -1, dtype=torch.long, device=dev)
@@ -71,20 +75,20 @@ def plan_forward(j: torch.Tensor, attend: torch.Tensor, p_int: torch.Tensor, p_n
 
     # internal mask over the cache's pending entries: [old pending (Pi), m tokens, k end-of-line slots]
     T = Pi + m + k
-    A = torch.zeros(B, m + k, T, dtype=torch.bool, device=dev)
-    A[:, :m, int_idx] = attend
+    A = torch.zeros(B, m, T + 1, dtype=torch.bool, device=dev)  # the tokens' rows; last column: a dump
+    A[:, :, int_idx] = attend
     # a token that sees an earlier row-end token also sees that token's end-of-line
     not_self = torch.ones(m, P + m, dtype=torch.bool, device=dev)
     not_self[ar_m, P + ar_m] = False
     add = attend & (nl_all >= 0).unsqueeze(1) & not_self
     idx = torch.where(add, nl_all.unsqueeze(1).expand(B, m, P + m), T)  # T = dump column
-    extra = torch.zeros(B, m, T + 1, dtype=torch.long, device=dev).scatter_add_(2, idx, add.long())
-    A[:, :m] |= extra[..., :T] > 0
+    A = A.scatter_(2, idx, add)[..., :T]  # True to each seen end-of-line, False to the dump column only
     if k:
         # an end-of-line sees what its token sees, the token, and itself
-        A[:, m:] = A[:, cols]
-        A[:, m + ar_k, Pi + cols] = True
-        A[:, m + ar_k, Pi + m + ar_k] = True
+        A_nl = A[:, cols]
+        A_nl[:, ar_k, Pi + cols] = True
+        A_nl[:, ar_k, Pi + m + ar_k] = True
+        A = torch.cat([A, A_nl], 1)
 
     rel = logical_offset(j, w_latent)  # (B, m) relative to image token 0
     rel = torch.cat([rel, rel[:, cols] + 1], 1)
@@ -120,9 +124,14 @@ class RowEndTarget:
     row_end_id: int  # the end-of-line token's input id
     cache: Optional[KVCache]  # set by begin
 
-    def _init_grid(self, h_latent: int, w_latent: int, code_ids: torch.Tensor) -> None:
+    def _init_grid(self, h_latent: int, w_latent: int, code_ids: torch.Tensor, compile: bool = False) -> None:
         """The image grid and the state before ``begin``. ``code_ids``: the input id (and lm_head
-        row) of codes 0..n-1, in code order."""
+        row) of codes 0..n-1, in code order. ``compile``: the model call of every ``forward``
+        (``_step``) under ``torch.compile`` over a static cache (``coolsd.engine.compiled``), every
+        token with an end-of-line slot (``plan_forward(every_slot=True)``): one graph per (m, pending
+        count), whatever the positions."""
+        self.compiled = bool(compile)
+        self._step_fn = compile_step(self._step, self.device) if self.compiled else self._step
         self.h_latent, self.w_latent = int(h_latent), int(w_latent)
         self.n_image_tokens = self.h_latent * self.w_latent
         self.vocab_size = code_ids.numel()
@@ -186,17 +195,25 @@ class RowEndTarget:
             raise ValueError(f"attend must be (.., {m}, {P + m}), got {tuple(attend.shape)}")
         if host_checks() and bool(((tokens < 0) | (tokens >= self.vocab_size)).any()):
             raise ValueError(f"tokens must be image codes in [0, {self.vocab_size})")
+        if self.compiled:  # a static cache never grows: a forward adds 2m entries (every token's end-of-line slot)
+            self.cache.check_headroom(2 * m, self.cache_headroom)
         step = plan_forward(j, attend.expand(B, m, P + m), self._p_int, self._p_nl, self.cache.n_pending,
-                            self.w_latent, self.n_image_tokens)
+                            self.w_latent, self.n_image_tokens, every_slot=self.compiled)
         k = step.cols.numel()
         ids = torch.cat([self._rows[tokens], torch.full((B, k), self.row_end_id, device=dev)], 1)
         pos = self._double(step.rel) + self._offset.unsqueeze(1)
-        hidden = self._run_entries(self._double(ids), pos, self._double(step.attend))
-        # each node reports its end-of-line's output when it has one
-        pick = self._double(step.pick)
-        sel = hidden.gather(1, pick.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+        logits, hidden = self._step_fn(self._double(ids), pos, self._double(step.attend), self._double(step.pick))
         self._p_int, self._p_nl = step.p_int, step.p_nl
-        return self._out(sel)
+        return StepOut(logits=logits, hidden=hidden)
+
+    def _step(self, ids: torch.Tensor, positions: torch.Tensor, attend: torch.Tensor, pick: torch.Tensor):
+        """The model call of a ``forward`` (compiled when ``compile``): the entries (n, m + k) run
+        over the cache, then each node's output (``pick`` (n, m): its end-of-line's where it has
+        one) as ``_out`` gives it: (logits, hidden)."""
+        hidden = self._run_entries(ids, positions, attend)
+        sel = hidden.gather(1, pick.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+        out = self._out(sel)
+        return out.logits, out.hidden
 
     @torch.no_grad()
     def commit(self, keep: Optional[torch.Tensor], n_keep: torch.Tensor) -> None:

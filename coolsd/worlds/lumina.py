@@ -76,6 +76,7 @@ class LuminaWorld(EncodedPromptWorld):
     schema = ("lumina_schema", LuminaTargetSchema)  # its conf files name it first
     presentation = Presentation(DiscreteWorld.presentation.columns, next_step=REAL_TARGET_HINT)
     trains_drafters = True
+    compiles = True  # compile=true: target and drafter forwards under torch.compile (coolsd.models.row_ends)
     draft_hint = "draft=lumina_mgpt draft.path=... or draft=self"
 
     @classmethod
@@ -120,19 +121,23 @@ class LuminaWorld(EncodedPromptWorld):
                                     vq_config=vq_cfg, dtype=DTYPES[t.get("dtype", "bfloat16")],
                                     device=t.get("device", "cuda"),
                                     # the EAGLE drafter's text prefix: every prefill slot's feature
-                                    prefill_features="all" if kind == "eagle" else "last")
+                                    prefill_features="all" if kind == "eagle" else "last",
+                                    compile=bool(cfg.get("compile", False)))
+        compiled = target.compiled
         drafter = None
         files = {k: file_identity(v) for k, v in f.items()}
         if kind == "self":  # a second target over the same weights: its own caches
             drafter = LuminaTarget(target.model, target.vocab, h_latent=latent, w_latent=latent,
-                                   cfg_scale=target.cfg_scale, tokens=target.tokens)
+                                   cfg_scale=target.cfg_scale, tokens=target.tokens, compile=compiled)
         elif kind == "eagle":
             d = cfg.draft
             head = load_lumina_eagle_head(d.path, target, variant=t.get("variant", "upstream"))
-            drafter = LuminaEagleDrafter.for_target(head, target)
+            drafter = LuminaEagleDrafter.for_target(head, target, compile=compiled)
             files["drafter"] = file_identity(d.path)
         sampling = SamplingConfig.resolve(t.get("sampling"), cfg.get("sampling"))
-        return cls(t.name, target, encoder, sampling, files, drafter)
+        world = cls(t.name, target, encoder, sampling, files, drafter)
+        world.compiled = compiled
+        return world
 
     @torch.no_grad()
     def decode_uint8(self, tokens: torch.Tensor) -> np.ndarray:

@@ -45,8 +45,9 @@ def test_tiny_cpu_check_covers_every_method_within_the_sync_budget(tmp_path):
     assert ar["status"] == "ok" and ar["token_agreement"] == 1.0 and ar["first_divergence"] is None
     assert ar["graphs_compiled_after_warmup"] == 0 and ar["graphs_compiled_in_count_run"] == 0
     assert ar["host_reads"] <= ar["extra_rounds"] + bench.COMPILED_SETUP_READS
-    lumina_compiled = [r for r in saved["targets"]["lumina"]["runs"] if r["mode"] == "compiled"]
-    assert [r["status"] for r in lumina_compiled] in (["n/a"], ["ok"])  # ok once Lumina has a compiled path
+    lumina = [r for r in saved["targets"]["lumina"]["runs"] if r["mode"] == "compiled"]
+    assert [(r["method"], r["status"], r["token_agreement"]) for r in lumina] == [("ar", "ok", 1.0)]
+    assert lumina[0]["graphs_compiled_in_count_run"] == 0
     mar = {r["method"]: r for r in saved["targets"]["mar"]["runs"]}
     assert set(mar) == {"ar", "cspd"} and all(r["status"] == "ok" and r["finite"] for r in mar.values())
     md = (tmp_path / "check.md").read_text()

@@ -2,7 +2,7 @@
 
 * compiled forwards of the LlamaGen target and the EAGLE-1 drafter (prefill, AR step, tree step,
   commits in between, CFG) equal the eager ones within fp32 tolerance;
-* in fp64 a compiled speculative generation emits the eager run's tokens (the fused kernels'
+* in fp64 a compiled speculative generation (LlamaGen, Lumina-mGPT) emits the eager run's tokens (the fused kernels'
   rounding, ~1e-15, moves no sampled token) and compiles nothing on a second run;
 * the job: zero graphs compiled after its warm-up, counted in the summary; clear errors for
   targets without a compiled path and for compile together with batch invariance.
@@ -72,19 +72,16 @@ METHODS = {"ar": {}, "eagle": {"tree": "chain", "draft_length": 3},
            "coolsd": {"tree": "chain", "draft_length": 3, "delta": 2.0}, "sjd": {"window": 4}}
 
 
-@pytest.mark.parametrize("name", list(METHODS))
-@torch.no_grad()
-def test_compiled_generation_equals_eager_fp64_and_compiles_once(name):
-    gpt = factories.engine_model(1)
-    head = EagleHead.from_target(gpt, seed=3)
-    cond = factories.engine_cond([3, 8])
-    method = build_method(name, **METHODS[name])
+def check_compiled_generation(make, method, cond) -> None:
+    """``make(compile) -> (target, model drafter)``: in fp64 the compiled generation emits the eager
+    run's tokens and rounds, a second compiled run (new target and drafter objects, same shapes)
+    compiles no graph, and it stays within the compiled path's sync budget (docs/gpu.md): one host
+    read a round, plus a run's fixed set-up and end."""
     sampling = SamplingConfig()
 
     def generate(compile: bool):
-        target = LlamaGenTarget(gpt, cfg_scale=3.0, compile=compile)
-        drafter = build_drafter(method, EagleDrafter.for_target(head, target, compile=compile), sampling,
-                                target.vocab_size)
+        target, model_drafter = make(compile)
+        drafter = build_drafter(method, model_drafter, sampling, target.vocab_size)
         return speculative_generate(target, target.n_image_tokens, PerSampleRNG([5, 6]), rule=method.rule,
                                     drafter=drafter, tree=method.tree, sampling=sampling, cond=cond, batch_size=2)
 
@@ -94,12 +91,50 @@ def test_compiled_generation_equals_eager_fp64_and_compiles_once(name):
     assert eager.round_lengths == compiled.round_lengths
     n = compile_count()
     with count_host_reads(lifts=False) as reads:
-        again = generate(True)  # new target and drafter objects, same shapes: no new graph
+        again = generate(True)
     assert compile_count() == n
     assert torch.equal(again.tokens, eager.tokens)
-    # the compiled path's sync budget (docs/gpu.md): one host read a round, plus a run's fixed set-up and end
     rounds = max(len(r) for r in again.round_lengths)
     assert reads.count <= rounds + 6, (rounds, reads.count, reads.by_kind)
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+@torch.no_grad()
+def test_compiled_generation_equals_eager_fp64_and_compiles_once(name):
+    gpt = factories.engine_model(1)
+    head = EagleHead.from_target(gpt, seed=3)
+
+    def make(compile: bool):
+        target = LlamaGenTarget(gpt, cfg_scale=3.0, compile=compile)
+        return target, EagleDrafter.for_target(head, target, compile=compile)
+
+    check_compiled_generation(make, build_method(name, **METHODS[name]), factories.engine_cond([3, 8]))
+
+
+LUMINA_METHODS = {"eagle": {"tree": [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]}, "sjd": {"window": 4}}
+
+
+@pytest.mark.parametrize("name", list(LUMINA_METHODS))
+@torch.no_grad()
+def test_lumina_compiled_generation_equals_eager_fp64_and_compiles_once(name):
+    """Lumina-mGPT's compiled path (every token with a row-end slot, ``coolsd.models.row_ends``; the
+    EAGLE drafter's passes from the entry count) on the tiny 4 x 4 grid, whose rows end inside every
+    tree (compiled AR on Lumina: tests/benchmarks/test_gpu_check.py)."""
+    from coolsd.models.eagle.lumina import LuminaEagleDrafter, LuminaEagleHead
+    from coolsd.models.lumina import ImageVocab, LuminaTarget, LuminaTokens
+
+    model = factories.make_lm()
+    head = LuminaEagleHead.from_target(model, seed=3).eval()
+    tokens = LuminaTokens(image_start=21, image_end=20, newline=22, grid_base=23, sep=26)
+    side = factories.LUMINA_LATENT
+
+    def make(compile: bool):
+        target = LuminaTarget(model, ImageVocab(factories.VMAP), h_latent=side, w_latent=side, cfg_scale=3.0,
+                              tokens=tokens, prefill_features="all", compile=compile)
+        return target, LuminaEagleDrafter.for_target(head, target, compile=compile)
+
+    prompts = [[0, 30, 31, 32, 26], [0, 40, 41, 42, 43, 44, 45, 46, 47, 26]]
+    check_compiled_generation(make, build_method(name, **LUMINA_METHODS[name]), prompts)
 
 
 def test_job_counts_compilations_after_warmup(tmp_path, world_overrides):

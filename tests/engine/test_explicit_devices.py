@@ -276,8 +276,8 @@ def _where(e: BaseException) -> str:
 # ------------------------------------------------------------------------------- (c) Dynamo under meta
 @pytest.mark.parametrize("target", [t for t in COMPILED_TARGETS if t != "toy"])
 def test_every_compiled_function_traces_under_an_ambient_meta_device(loaded, target):
-    """(c) on the tiny LlamaGen target (the toy world runs the same classes, LlamaGenTarget and
-    EagleDrafter, on larger weights: tracing them again would double the test's minute)."""
+    """(c) on the tiny LlamaGen and Lumina-mGPT targets (the toy world runs LlamaGen's classes,
+    LlamaGenTarget and EagleDrafter, on larger weights: tracing them again would add a minute)."""
     import torch._dynamo
 
     torch._dynamo.reset()  # this test's graphs only: every method recompiles the round it runs

@@ -22,7 +22,7 @@ from coolsd.engine.model_protocol import ARModel
 from factories import (LUMINA_LATENT, N_CODES, VMAP, code_name, lumina_cfg, lumina_vq_cfg, make_lm, make_vq,
                        official_state_dict, random_ids, vqgan_ckpt_dict)
 from protocol_checks import commit_and_continue as continue_after_commits
-from protocol_checks import path_to, run_tree_round
+from protocol_checks import path_to, reused_cache_check, run_tree_round
 
 TOL = 1e-6
 CFG = lumina_cfg()  # hidden 32, 2 layers, 4 heads (head_dim 8), intermediate 64, vocab 64
@@ -468,11 +468,17 @@ def commit_and_continue(target, rows):
     return continue_after_commits(target, PROMPTS, rows, KEPT, TREE, rand_codes)
 
 
-def test_commit_then_continue_matches_full_forward():
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compile-path"])
+def test_commit_then_continue_matches_full_forward(compile, monkeypatch):
     """(b) Commits of different lengths per sample (keeping the newlines after kept row ends),
-    then a split tree round and a chain, all equal to full forwards."""
+    then a split tree round and a chain, all equal to full forwards. ``compile-path``: the compiled
+    path run eagerly (``torch.compile`` left out): a static cache, every token with a row-end slot."""
+    import coolsd.models.row_ends
+
+    monkeypatch.setattr(coolsd.models.row_ends, "compile_step", lambda fn, device: fn)
     model = make_lm()
-    target = make_target(model)
+    target = make_target(model, compile=compile)
+    assert target.cache is None and target.compiled == compile
     tree_logits, last, seqs, t2, new = commit_and_continue(target, [0, 1])
     for b in range(2):
         for i in range(TREE.n_nodes + 1):
@@ -547,3 +553,12 @@ def test_decode_and_full_loading_from_files(tmp_path):
     close(img.double(), reference_decode(vq.state_dict(), codes, HL, WL), tol=1e-5)
     with pytest.raises(RuntimeError, match="without a VQ decoder"):
         make_target().decode(codes)
+
+
+def test_reused_cache_holds_a_longer_prompt():
+    """A target begun on a short prompt, then on a longer one its cache still holds, decodes the
+    longer one as a fresh target does (the host bound of the committed length is the new prompt's):
+    a bound kept from the short prompt put the last tokens' logits 16 off."""
+    long = [0, *range(30, 50), 26]
+    diff = reused_cache_check(lambda: make_target(make_lm(), cache_headroom=8), [0, 30, 26], long, N, N)
+    assert diff <= 1e-5, diff

@@ -136,8 +136,10 @@ def reference_node_logits(model, head, prompt, codes, cfg_scale):
     return lc if cfg_scale == 1.0 else half(STRUCT) + cfg_scale * (lc - half(STRUCT))
 
 
-@pytest.mark.parametrize("cfg_scale", [3.0, 1.0])
-def test_drafter_context_tree_and_commit_match_the_full_sequence_reference(cfg_scale):
+@pytest.mark.parametrize("cfg_scale,compile", [(3.0, False), (1.0, False), (3.0, True)],
+                         ids=["cfg3", "cfg1", "cfg3-compile"])
+def test_drafter_context_tree_and_commit_match_the_full_sequence_reference(cfg_scale, compile):
+    """compile: the drafter's compiled path run eagerly (static cache, newline passes by entry count)."""
     model = make_lm()
     head = make_head(model).double()
     g = torch.Generator().manual_seed(1)
@@ -147,7 +149,7 @@ def test_drafter_context_tree_and_commit_match_the_full_sequence_reference(cfg_s
     tout = t.forward(codes[:, :9], torch.arange(9).expand(2, 9), torch.ones(9, 9, dtype=torch.bool).tril())
     # feature of entry j: the target's at node j-1 (node -1: the prefill's last slot)
     feats = torch.cat([pre.hidden[:, -1:], tout.hidden[:, :8]], 1)
-    d = LuminaEagleDrafter.for_target(head, t)
+    d = LuminaEagleDrafter.for_target(head, t, compile=compile)
     assert d.vocab_size == 16  # codes only: structural tokens are never drafted
     d.begin(PROMPTS, 2, context=pre)
     # verified context crossing the row end at token 3 in ONE forward (runs in passes), keep 5 of 6

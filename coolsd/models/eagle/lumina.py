@@ -59,6 +59,7 @@ from coolsd.models.blocks import compute_dtype
 from coolsd.models.chameleon import ChameleonConfig, ChameleonDecoderLayer, HeadLayerNorm, rope_1d
 from coolsd.models.eagle.model import head_logits, read_drafter_folder, warn_variant_mismatch
 from coolsd.models.kv_cache import KVCache
+from coolsd.models.lumina import id_list
 from coolsd.util.loading import BadInputFile, check_state_dict, read_torch_checkpoint
 
 LUMINA_DRAFTER_SOURCE = (
@@ -235,7 +236,8 @@ class LuminaEagleDrafter:
     """
 
     def __init__(self, head: LuminaEagleHead, lm_head_weight: torch.Tensor, code_to_bpe: torch.Tensor, *,
-                 h_latent: int, w_latent: int, cfg_scale: float, tokens, cache_headroom: int = 128):
+                 h_latent: int, w_latent: int, cfg_scale: float, tokens, cache_headroom: int = 128,
+                 compile: bool = False):
         V, H = head.config.vocab_size, head.config.hidden_size
         if isinstance(lm_head_weight, nn.Module):
             lm_head_weight = lm_head_weight.weight
@@ -249,17 +251,22 @@ class LuminaEagleDrafter:
         self.h_latent, self.w_latent = int(h_latent), int(w_latent)
         self.n_image_tokens = self.h_latent * self.w_latent
         self.cfg_scale = float(cfg_scale)
-        self.cache_headroom = cache_headroom
+        # compile: the drafter's forwards run inside ``ModelDrafter``'s compiled expansion
+        # (``coolsd.engine.compiled``) over a static cache; the passes of a forward then come from
+        # its entry count alone (no host read inside a graph), and every pass adds 2m pending
+        # entries: four times the spare slots
+        self.compiled = bool(compile)
+        self.cache_headroom = 4 * cache_headroom if compile else cache_headroom
         self.vocab_size = int(self.rows.numel())
         self.cache: Optional[KVCache] = None
         self.batch_size = 0
         self._alone: Optional[list] = None  # under coolsd.engine.batch_invariant: one batch-1 drafter per sample
 
     @classmethod
-    def for_target(cls, head: LuminaEagleHead, target: Any) -> "LuminaEagleDrafter":
+    def for_target(cls, head: LuminaEagleHead, target: Any, compile: bool = False) -> "LuminaEagleDrafter":
         """lm_head, image vocabulary, grid, CFG scale and structural ids of a ``LuminaTarget``."""
         return cls(head, target.model.lm_head.weight, target.vocab.code_to_bpe, h_latent=target.h_latent,
-                   w_latent=target.w_latent, cfg_scale=target.cfg_scale, tokens=target.tokens)
+                   w_latent=target.w_latent, cfg_scale=target.cfg_scale, tokens=target.tokens, compile=compile)
 
     @property
     def guided(self) -> bool:
@@ -310,7 +317,7 @@ class LuminaEagleDrafter:
             for b, d in enumerate(self._alone):
                 d.begin(cond[b : b + 1], 1, StepOut(logits=context.logits[b : b + 1], hidden=context.hidden[b : b + 1]))
             return None
-        prompts = [torch.as_tensor(p, dtype=torch.long, device="cpu").flatten().tolist() for p in cond]
+        prompts = [id_list(p) for p in cond]
         if len(prompts) != batch_size:
             raise ValueError(f"cond must be {batch_size} prompt-id sequences")
         t = self.tokens
@@ -344,12 +351,12 @@ class LuminaEagleDrafter:
         shape = (c.num_hidden_layers, n, c.num_attention_heads, c.head_dim, h.dtype, h.device)
         # the sequence's known maximum (as ``LuminaTarget._new_cache``): a decode never grows the cache
         need = prefix + self.n_image_tokens + self.h_latent + self.cache_headroom
-        if self.cache is not None and self.cache.matches(*shape) and self.cache.fits(need):
-            self.cache.reset()
+        if self.cache is not None and self.cache.matches(*shape) and self.cache.max_len >= need:
+            self.cache.reset(max_committed=need - self.cache_headroom)
             return self.cache
         self.cache = None  # the old cache's last reference: freed before the new one is allocated (peak: one cache)
         return KVCache(c.num_hidden_layers, n, c.num_attention_heads, c.head_dim, -(-need // 64) * 64, h.dtype, h.device,
-                       max_committed=need - self.cache_headroom)
+                       static=self.compiled, max_committed=need - self.cache_headroom)
 
     def _mask(self, Ac: torch.Tensor, caller_to_int: torch.Tensor, nl_prev: torch.Tensor, total: int) -> torch.Tensor:
         """(B, r, total) bool over cache pending entries for r rows whose caller-column visibility
@@ -407,7 +414,13 @@ class LuminaEagleDrafter:
         # row ends among the new entries it attends is exact after pass r. Positions step by one
         # along a chain, so an entry that attends n earlier new entries has at most ceil(n / w) of
         # them at row ends: passes = 1 + that bound, from the mask alone.
-        passes = 1 + -(-self._most_attended_new(attend, Ac, P, m) // self.w_latent)
+        # Compiled: the bound for an entry that attends every earlier new entry (a level of siblings
+        # runs a pass more than it needs; every pass after the last needed one recomputes the same
+        # outputs into entries nothing attends).
+        most = m - 1 if self.compiled else self._most_attended_new(attend, Ac, P, m)
+        passes = 1 + -(-max(most, 0) // self.w_latent)
+        if self.compiled:  # a static cache never grows
+            self.cache.check_headroom(2 * m * passes, self.cache_headroom)
         if host_checks() and bool((sees_nl.sum(-1) >= passes).any()):
             raise ValueError("positions must step by one along every chain of new entries")
         caller_to_int = self._p_int
