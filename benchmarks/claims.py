@@ -241,7 +241,9 @@ def main(argv=None):
             vals = [r.get(m) for r in recs]
             per_prompt[m][tag] = None if any(v is None for v in vals) else np.asarray(vals, dtype=np.float64)
 
-    lab = lab_sweep(n_sampled=a.lab_sampled, extra=extra)
+    # the lab curves the claims compare (all of them without --only)
+    compared = {LAB_CURVES.get(c, c) for _, A, B in claims for c in (A, B)}
+    lab = lab_sweep(n_sampled=a.lab_sampled, extra=extra, curves=compared)
     results = []
     for claim, A, B in claims:
         rows = compare(A, B, tau, per_prompt, feats, ref, curves)

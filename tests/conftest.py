@@ -47,6 +47,15 @@ def compose():
     return factories.compose
 
 
+@pytest.fixture
+def dynamo_only(monkeypatch):
+    """``torch.compile`` as Dynamo on its ``eager`` backend (``fullgraph=True``, static shapes): for
+    tests of what a compiled run does around its graphs (warm-up, graph counts, records), whose
+    Inductor code tests/engine/test_compiled.py generates and checks (on a CPU it takes seconds a graph)."""
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real(fn, backend="eager", fullgraph=True, dynamic=False))
+
+
 def _built_once(folder: str, build):
     """A session fixture: ``build(folder)`` in a fresh temporary folder, on first use."""
     @pytest.fixture(scope="session")

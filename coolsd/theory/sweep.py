@@ -131,8 +131,9 @@ def curve_rows(label: str, method: str, points: list[dict], seed, P, Q, draft_le
 
 
 def run_sweep(vocab=4, length=5, draft_length=4, mix=0.4, seeds=(0, 1, 2), n_sampled=N_SAMPLED,
-              extra: tuple = ()) -> pd.DataFrame:
-    """Every curve on every pair; ``extra``: (label, method, points) curves of any registered method."""
+              extra: tuple = (), curves=None) -> pd.DataFrame:
+    """Every curve on every pair (``curves``: only these of ``CURVES``, by name; EAGLE always);
+    ``extra``: (label, method, points) curves of any registered method."""
     rows = []
     for seed, P, Q in lab_pairs(vocab, length, mix, seeds):
         for label, method, points in extra:
@@ -142,6 +143,8 @@ def run_sweep(vocab=4, length=5, draft_length=4, mix=0.4, seeds=(0, 1, 2), n_sam
         base = exact_stats(P, Q, "eagle", draft_length)
         rows.append({"curve": "eagle", "seed": seed, "method": "eagle", "param": 1.0, **_exact(base)})
         for curve, items in CURVES.items():
+            if curves is not None and curve not in curves:
+                continue
             for method, params in items:
                 st = exact_stats(P, Q, method, draft_length, **params)
                 rows.append({"curve": curve, "seed": seed, "method": method,

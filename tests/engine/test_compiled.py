@@ -137,7 +137,8 @@ def test_lumina_compiled_generation_equals_eager_fp64_and_compiles_once(name):
     check_compiled_generation(make, build_method(name, **LUMINA_METHODS[name]), prompts)
 
 
-def test_job_counts_compilations_after_warmup(tmp_path, world_overrides):
+def test_job_counts_compilations_after_warmup(tmp_path, world_overrides, dynamo_only):
+    """The job around compiled graphs (Dynamo's, ``dynamo_only``: what a graph count sees)."""
     from coolsd.job.generation import run_job
 
     cfg = factories.compose(*world_overrides("llamagen_xl"), "method=coolsd", "tree.draft_length=2",
