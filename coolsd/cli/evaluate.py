@@ -1,6 +1,6 @@
 """Image metrics of a finished (or partial) run, from its records and PNGs (docs/methods.md#6-evaluation-protocol), so a
 metric is added without regenerating:
-    python -m coolsd.cli.evaluate outputs/llamagen_xl/coolsd/<time> --metrics clip_score,fid,image_reward
+    python -m coolsd.cli.evaluate outputs/llamagen_xl/coolsd/<time>_<hash> --metrics clip_score,fid,image_reward
     python -m coolsd.cli.evaluate <run> --protocol sjd --clip <clip-vit-base-patch16> --inception <pt_inception.pth>
     python -m coolsd.cli.evaluate <parti run> --protocol sjd --parti-tsv PartiPrompts.tsv --metrics clip_score
 

@@ -1,6 +1,6 @@
 """Join the shards of a run (``coolsd.job.shards``) into the records and summary one process would
 have written:
-    python -m coolsd.cli.merge outputs/toy/coolsd/<time>                  # shards in one folder
+    python -m coolsd.cli.merge outputs/toy/coolsd/<time>_<hash>           # shards in one folder
     python -m coolsd.cli.merge <folder> --from <other folder> ...          # shards copied from elsewhere
     python -m coolsd.cli.merge <folder> --partial                          # report what is there
 
@@ -31,7 +31,7 @@ from types import SimpleNamespace
 from coolsd.cli.runner import verbose
 from coolsd.job.generation import TIMING_KEYS, collect, kept_images
 from coolsd.job.shards import SHARD_FILE
-from coolsd.job.summary import summarize, summary_lines, write_distortion_figure
+from coolsd.job.summary import summarize, summary_lines, write_distortion_figure, write_summary_markdown
 from coolsd.job.tracking import folder_logger, quality_metrics, summary_rows
 from coolsd.prompts import load_prompts
 from coolsd.util.records import RunLock, describe_identity_diff, read_records, write_json_atomic
@@ -122,6 +122,10 @@ def merge(folder, sources=(), partial: bool = False, track: bool = True) -> dict
                                 {t: v for t, v in failed.items() if v})
     summary.update(merged_shards=len(merged), shards=count, prompts_complete=len(complete), prompts_missing=missing)
     write_json_atomic(summary, folder / "summary.json")
+    world_cls = world_class(summary["target"])
+    write_summary_markdown(world_cls, summary["results"], summary_lines(world_cls, summary["results"]) + [
+        f"merged {len(merged)} of {count} shard(s): {len(complete)} complete prompts"
+        + (f", {len(missing)} missing" if missing else "")], folder)
     write_distortion_figure(summary, {t: [by_key[(t, p)][0] for p in ok] for t in methods}, folder)
     if track:
         log_merged(folder, ident, summary)
@@ -190,7 +194,7 @@ def main(argv=None) -> dict:
     s = merge(a.run, a.sources, a.partial, track=not a.no_wandb)
     print("\n".join(summary_lines(world_class(s["target"]), s["results"])))
     print(f"merged {s['merged_shards']} of {s['shards']} shard(s): {s['prompts_complete']} complete prompts"
-          + (f", {len(s['prompts_missing'])} missing" if s["prompts_missing"] else "") + f" -> {a.run}/summary.json")
+          + (f", {len(s['prompts_missing'])} missing" if s["prompts_missing"] else "") + f" -> {a.run}/summary.json, summary.md")
     return s
 
 

@@ -10,8 +10,8 @@ before Hydra creates the run folder or its log, so a refused config writes nothi
 """
 from __future__ import annotations
 
+import logging
 import os
-import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from coolsd.engine import plugins
 from coolsd.job.config_schema import check_config, check_output_dir
 from coolsd.util.errors import OneLineError
+from coolsd.util.log import say
 
 VERBOSE_ENV = ("HYDRA_FULL_ERROR", "COOLSD_VERBOSE")  # =1: tracebacks for the project's own errors too
 
@@ -36,8 +37,18 @@ def safe_dirname(overrides: str, limit: int = 100) -> str:
     return name
 
 
+def short_hash(overrides: str) -> str:
+    """Six hex digits of a command's ``override_dirname``: the default run folder's suffix
+    (``hydra.run.dir``, conf/config.yaml), so launches of different configurations in the same
+    second never pick one folder."""
+    import hashlib
+
+    return hashlib.sha256(overrides.encode()).hexdigest()[:6]
+
+
 # ``hydra.sweep.subdir`` (conf/config.yaml) names each run folder with it
 OmegaConf.register_new_resolver("coolsd_dirname", safe_dirname, replace=True)
+OmegaConf.register_new_resolver("coolsd_hash", short_hash, replace=True)
 
 
 def compose(*overrides) -> DictConfig:
@@ -82,7 +93,7 @@ def one_line_errors():
     except OneLineError as e:
         if verbose():
             raise
-        print(f"error: {e}", file=sys.stderr)
+        say(f"error: {e}", logging.ERROR)  # printed, and in the job's log where one is open
         raise SystemExit(e.exit_status) from None
 
 

@@ -32,6 +32,7 @@ from coolsd.job.shards import Shard
 from coolsd.job.summary import AR, FASTEST_AR, GRID_COLUMNS, summarize, write_outputs
 from coolsd.job.tracking import NullLogger, make_logger
 from coolsd.util.errors import ConfigError, SummaryError
+from coolsd.util.log import say
 from coolsd.util.records import RecordWriter, RunLock, claim_run_dir, resume_records
 from coolsd.worlds import load_world, world_class
 
@@ -174,7 +175,7 @@ def records_or_failures(world, method, prompts, idxs, seeds, tag) -> list:
         if len(prompts) > 1:
             return [r for k in range(len(prompts))
                     for r in records_or_failures(world, method, prompts[k:k + 1], idxs[k:k + 1], seeds[k:k + 1], tag)]
-        print(f"prompt {idxs[0]} ({tag}): {e}; recorded as failed, the run goes on")
+        say(f"prompt {idxs[0]} ({tag}): {e}; recorded as failed, the run goes on")
         return [({**record_head(prompts[0], idxs[0], seeds[0], tag, method),
                   "error": f"non-finite target logits at image token {e.position}"}, None)]
 
@@ -292,7 +293,7 @@ def run_shard(world, methods: dict, prompts: list, out_dir: Path, identity: dict
         done = resume_records(out_dir, shard.records_name) if claim_run_dir(out_dir, identity) else []
         positions = shard.select(len(prompts))
         if done:
-            print(f"resuming {out_dir}: {len(done)} of {len(positions) * len(methods)} samples already there")
+            say(f"resuming {out_dir}: {len(done)} of {len(positions) * len(methods)} samples already there")
         logger.start(identity, out_dir, shard, done)
         mine = [prompts[i] for i in positions]
         outputs, failures = run_methods(world, methods, mine, [offset + i for i in positions], seed,
@@ -362,11 +363,11 @@ def run_job(cfg, out_dir: Path, world=None) -> dict:
                                                keep_images=int((cfg.get("logger") or {}).get("n_images", 0)),
                                                stats=stats, logger=logger)
     if stats:
-        print(f"warm-up (excluded from latency): {stats['warmup_s']:.1f} s"
+        say(f"warm-up (excluded from latency): {stats['warmup_s']:.1f} s"
               + (f", {stats['graphs_compiled']} graphs compiled" if world.compiled or FASTEST_AR in methods else ""))
     if shard.count > 1:
         logger.finish()
-        print(f"shard {shard.index} of {shard.count} done ({len(prompts)} prompts); when every shard is done: "
+        say(f"shard {shard.index} of {shard.count} done ({len(prompts)} prompts); when every shard is done: "
               f"python -m coolsd.cli.merge {out_dir}")
         return {"target": world.name, "shard": shard.index, "shards": shard.count, "n_prompts": len(prompts)}
     try:  # every record is durable by now: a failure from here on must not read as lost work
@@ -383,5 +384,5 @@ def run_job(cfg, out_dir: Path, world=None) -> dict:
             logger.log_images(tag, imgs, [p.caption for p in prompts])
     logger.log_files([p for p in [out_dir / "grid.png"] if p.exists()])
     logger.finish()
-    print("\n".join(lines))
+    say("\n".join(lines))
     return summary

@@ -11,7 +11,7 @@ from typing import Optional
 import numpy as np
 
 from coolsd.metrics.token_maps import distortion_figure
-from coolsd.util.records import save_png_atomic, write_json_atomic
+from coolsd.util.records import save_png_atomic, write_json_atomic, write_text_atomic
 from coolsd.util.stats import FLOAT_NOISE, FRACTION, NULL_REASON, POSITIVE, REAL, mean_ci, ratio_ci
 
 SPEEDUP_REFERENCE = "ar on the same prompts, same machine, same run (same batch size)"
@@ -224,6 +224,23 @@ def summary_lines(world_cls, table: dict, outputs: Optional[dict] = None) -> lis
     return lines
 
 
+def summary_markdown(world_cls, table: dict, notes: list[str]) -> str:
+    """summary.md: the printed table (``summary_lines``'s method rows) as a Markdown table, then the
+    printed notes under it (null reasons, resolution, speed-up reference, ...) as they were printed."""
+    cols = world_cls.presentation.columns
+    md = ["| method | " + " | ".join(c.header for c in cols) + " |", "|" + "---|" * (len(cols) + 1)]
+    md += [f"| {tag} | " + " | ".join(_cell(e.get(c.key), c.digits, e.get(c.key + NULL_REASON)) for c in cols) + " |"
+           for tag, e in table.items()]
+    while notes and not notes[0].strip():
+        notes = notes[1:]
+    return "\n".join(md) + ("\n\n```text\n" + "\n".join(notes) + "\n```" if notes else "") + "\n"
+
+
+def write_summary_markdown(world_cls, table: dict, lines: list[str], out_dir: Path) -> None:
+    """summary.md beside summary.json from the printed ``lines`` (``summary_lines`` first), atomically."""
+    write_text_atomic(summary_markdown(world_cls, table, lines[1 + len(table):]), out_dir / "summary.md")
+
+
 def make_grid(rows: list[np.ndarray], scale: int = 3, labels: list[str] | None = None) -> np.ndarray:
     """Rows of equal-size images -> one uint8 image, nearest-neighbour upscaled, each row
     optionally labelled on the left (method names)."""
@@ -269,7 +286,7 @@ def write_outputs(world_cls, summary: dict, outputs: dict, out_dir: Path, refere
     grid = run_grid(outputs, reference)
     if grid is not None:
         save_png_atomic(grid, out_dir / "grid.png")
-    wrote = "summary.json, samples.jsonl" + (", images/, grid.png" if grid is not None else "")
+    wrote = "summary.json, summary.md, samples.jsonl" + (", images/, grid.png" if grid is not None else "")
     if write_distortion_figure(summary, {tag: recs for tag, (recs, _) in outputs.items()}, out_dir):
         wrote += ", distortion.png"
     lines = summary_lines(world_cls, summary["results"], outputs)
@@ -291,6 +308,7 @@ def write_outputs(world_cls, summary: dict, outputs: dict, out_dir: Path, refere
     lines.append(f"wrote {out_dir}/{wrote}")
     if world_cls.presentation.next_step:
         lines[-1] += "; " + world_cls.presentation.next_step.format(out_dir=out_dir)
+    write_summary_markdown(world_cls, summary["results"], lines, out_dir)
     return lines
 
 

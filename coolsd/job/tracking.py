@@ -38,12 +38,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
+import logging
 from pathlib import Path
 from typing import Any, Optional
 
 from coolsd.job.shards import Shard
 from coolsd.util.errors import ConfigError
+from coolsd.util.log import say
 from coolsd.util.records import write_json_atomic
 
 # per-image record fields logged as they come (a world's records carry the ones it measures)
@@ -231,8 +232,8 @@ class WandbLogger(NullLogger):
     def _failed(self, what: str, e: Exception) -> None:
         if not self.broken:
             why = " ".join(str(e).split())[:300] or type(e).__name__
-            print(f"warning: W&B logging failed while logging {what} ({type(e).__name__}: {why}); W&B logging is "
-                  "off for the rest of this run, which goes on (its records on disk are complete)", file=sys.stderr)
+            say(f"warning: W&B logging failed while logging {what} ({type(e).__name__}: {why}); W&B logging is "
+                "off for the rest of this run, which goes on (its records on disk are complete)", logging.WARNING)
         self.broken = True
 
     def _count(self, record: dict) -> dict:

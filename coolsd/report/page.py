@@ -12,7 +12,7 @@ The page needs no server and no network: images are embedded as base64 PNGs (``-
 relative to the page instead), the script and style are inline.
 
     python -m coolsd.report.page results/toy -o results/toy/page.html --screenshot results/toy/page.png
-    python -m coolsd.report.page outputs/toy/coolsd/<time> outputs/toy/eagle/<time> -o page.html
+    python -m coolsd.report.page outputs/toy/coolsd/<time>_<hash> outputs/toy/eagle/<time>_<hash> -o page.html
 """
 from __future__ import annotations
 

@@ -67,6 +67,10 @@ def write_json_atomic(obj, path: Path) -> None:
     os.replace(_write_temp(json.dumps(obj, indent=2, default=float), path), path)
 
 
+def write_text_atomic(text: str, path: Path) -> None:
+    os.replace(_write_temp(text, path), path)
+
+
 PROBE_GRACE_S = 1.0  # a probe (RunLock.held_by) holds a free lock for microseconds: never refuse a run for that
 
 

@@ -60,6 +60,9 @@ def test_shards_merge_into_the_one_process_records(single, tmp_path):
         assert summary["results"][tag]["accepted_length"] == one[tag]["accepted_length"]
         assert summary["results"][tag]["toy_clip"] == one[tag]["toy_clip"]
     assert summary["prompts_missing"] == [] and summary["merged_shards"] == 3
+    md = (out / "summary.md").read_text()  # the merged table, as a one-process run writes it
+    assert [line.split(" | ")[0] for line in md.splitlines() if line.startswith(("| ar ", "| eagle "))] == ["| ar", "| eagle"]
+    assert "merged 3 of 3 shard(s): 5 complete prompts" in md
     with pytest.raises(ValueError, match="holds a run of another configuration.*shards"):
         _run(out, "shard.index=0", "shard.count=2")  # the shard count changed: refused, nothing written
     assert not list(out.glob("samples.shard-*-of-002.jsonl"))

@@ -54,7 +54,7 @@ def test_a_run_whose_records_hold_float_noise_summarises(tmp_path, monkeypatch):
 
 
 def test_a_failed_summary_keeps_the_records_says_so_in_one_line_and_a_rerun_summarises(tmp_path, monkeypatch,
-                                                                                       capsys):
+                                                                                       capsys, caplog):
     out = tmp_path / "run"
     real_summarize = job.summarize
 
@@ -72,6 +72,8 @@ def test_a_failed_summary_keeps_the_records_says_so_in_one_line_and_a_rerun_summ
     assert err.count("\n") == 1 and err.startswith(f"error: summarising {out} failed (ValueError: step_kl: "), err
     assert "-8.358e-07 (second line)" in err and "6 records are kept" in err
     assert f"python -m coolsd.cli.merge {out}" in err and f"out_dir={out}" in err and "Traceback" not in err
+    # the same line goes to the job's log (run.log under run.py: coolsd.util.log)
+    assert [r.getMessage() for r in caplog.records if r.name == "coolsd" and r.levelname == "ERROR"] == [err.strip()]
     kept = (out / "samples.jsonl").read_text()
     assert len(kept.splitlines()) == 2 * N and not (out / "summary.json").exists()
 
