@@ -122,10 +122,7 @@ def merge(folder, sources=(), partial: bool = False, track: bool = True) -> dict
                                 {t: v for t, v in failed.items() if v})
     summary.update(merged_shards=len(merged), shards=count, prompts_complete=len(complete), prompts_missing=missing)
     write_json_atomic(summary, folder / "summary.json")
-    world_cls = world_class(summary["target"])
-    write_summary_markdown(world_cls, summary["results"], summary_lines(world_cls, summary["results"]) + [
-        f"merged {len(merged)} of {count} shard(s): {len(complete)} complete prompts"
-        + (f", {len(missing)} missing" if missing else "")], folder)
+    write_summary_markdown(world_class(summary["target"]), summary["results"], report_lines(summary), folder)
     write_distortion_figure(summary, {t: [by_key[(t, p)][0] for p in ok] for t in methods}, folder)
     if track:
         log_merged(folder, ident, summary)
@@ -184,6 +181,13 @@ def summarize_records(folder: Path, ident: dict, records: dict, prompts: list[in
     return summary
 
 
+def report_lines(summary: dict) -> list[str]:
+    """What a merge prints and keeps in summary.md: the summary table, then the shards merged."""
+    return summary_lines(world_class(summary["target"]), summary["results"]) + [
+        f"merged {summary['merged_shards']} of {summary['shards']} shard(s): {summary['prompts_complete']} complete "
+        "prompts" + (f", {len(summary['prompts_missing'])} missing" if summary["prompts_missing"] else "")]
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run", type=Path)
@@ -192,9 +196,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--no-wandb", action="store_true", help="do not log the merged summary to the shards' W&B group")
     a = ap.parse_args(argv)
     s = merge(a.run, a.sources, a.partial, track=not a.no_wandb)
-    print("\n".join(summary_lines(world_class(s["target"]), s["results"])))
-    print(f"merged {s['merged_shards']} of {s['shards']} shard(s): {s['prompts_complete']} complete prompts"
-          + (f", {len(s['prompts_missing'])} missing" if s["prompts_missing"] else "") + f" -> {a.run}/summary.json, summary.md")
+    print("\n".join(report_lines(s)) + f" -> {a.run}/summary.json, summary.md")
     return s
 
 

@@ -26,24 +26,22 @@ from coolsd.util.log import say
 VERBOSE_ENV = ("HYDRA_FULL_ERROR", "COOLSD_VERBOSE")  # =1: tracebacks for the project's own errors too
 
 
-def safe_dirname(overrides: str, limit: int = 100) -> str:
-    """A folder name from Hydra's ``override_dirname``: path separators replaced; long names
-    cut and suffixed with a hash of the whole, so distinct configurations never share a folder."""
-    import hashlib
-
-    name = overrides.replace("/", "_") or "default"
-    if len(name) > limit:
-        name = name[:limit] + "_" + hashlib.sha256(overrides.encode()).hexdigest()[:10]
-    return name
-
-
-def short_hash(overrides: str) -> str:
-    """Six hex digits of a command's ``override_dirname``: the default run folder's suffix
-    (``hydra.run.dir``, conf/config.yaml), so launches of different configurations in the same
+def short_hash(overrides: str, digits: int = 6) -> str:
+    """Hex digits of a sha256 of a command's ``override_dirname``: six are the default run folder's
+    suffix (``hydra.run.dir``, conf/config.yaml), so launches of different configurations in the same
     second never pick one folder."""
     import hashlib
 
-    return hashlib.sha256(overrides.encode()).hexdigest()[:6]
+    return hashlib.sha256(overrides.encode()).hexdigest()[:digits]
+
+
+def safe_dirname(overrides: str, limit: int = 100) -> str:
+    """A folder name from Hydra's ``override_dirname``: path separators replaced; long names
+    cut and suffixed with a hash of the whole, so distinct configurations never share a folder."""
+    name = overrides.replace("/", "_") or "default"
+    if len(name) > limit:
+        name = name[:limit] + "_" + short_hash(overrides, 10)
+    return name
 
 
 # ``hydra.sweep.subdir`` (conf/config.yaml) names each run folder with it

@@ -19,6 +19,14 @@ import torch
 NULL_LABEL = -1
 
 
+def id_list(ids) -> list[int]:
+    """A ``cond``'s prompt ids (Lumina-mGPT, Janus-Pro, Emu3) as a list: a list or tuple as it is
+    (host data: no tensor made and read back), a tensor flattened."""
+    if isinstance(ids, (list, tuple)):
+        return [int(i) for i in ids]
+    return torch.as_tensor(ids, dtype=torch.long, device="cpu").flatten().tolist()
+
+
 @dataclass
 class StepOut:
     logits: torch.Tensor  # (B, m, V), already CFG-combined

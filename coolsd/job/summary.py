@@ -197,6 +197,11 @@ def _cell(v, digits: int, null_reason: Optional[str] = None) -> str:
     return f"{v['mean']:.{digits}f} [{v['ci95'][0]:.{digits}f}, {v['ci95'][1]:.{digits}f}]"
 
 
+def _cells(entry: dict, cols) -> list[str]:
+    """A method's row of the summary table: a cell per presentation column."""
+    return [_cell(entry.get(c.key), c.digits, entry.get(c.key + NULL_REASON)) for c in cols]
+
+
 def summary_lines(world_cls, table: dict, outputs: Optional[dict] = None) -> list[str]:
     """The printed table: one row per method with the world's columns; worlds with
     ``presentation.per_prompt`` add one row per prompt of those record fields."""
@@ -204,8 +209,7 @@ def summary_lines(world_cls, table: dict, outputs: Optional[dict] = None) -> lis
     cols = world_cls.presentation.columns
     lines = [f"{'method':<{w}} " + " ".join(f"{c.header:<24}" for c in cols).rstrip()]
     for tag, e in table.items():
-        lines.append(f"{tag:<{w}} " + " ".join(f"{_cell(e.get(c.key), c.digits, e.get(c.key + NULL_REASON)):<24}"
-                                               for c in cols).rstrip())
+        lines.append(f"{tag:<{w}} " + " ".join(f"{cell:<24}" for cell in _cells(e, cols)).rstrip())
     reasons = {(c.key, e[c.key + NULL_REASON]) for e in table.values() for c in cols
                if e.get(c.key) is None and e.get(c.key + NULL_REASON)}
     lines += [f"{key}: null: {why}" for key, why in sorted(reasons)]
@@ -229,8 +233,7 @@ def summary_markdown(world_cls, table: dict, notes: list[str]) -> str:
     printed notes under it (null reasons, resolution, speed-up reference, ...) as they were printed."""
     cols = world_cls.presentation.columns
     md = ["| method | " + " | ".join(c.header for c in cols) + " |", "|" + "---|" * (len(cols) + 1)]
-    md += [f"| {tag} | " + " | ".join(_cell(e.get(c.key), c.digits, e.get(c.key + NULL_REASON)) for c in cols) + " |"
-           for tag, e in table.items()]
+    md += [f"| {tag} | " + " | ".join(_cells(e, cols)) + " |" for tag, e in table.items()]
     while notes and not notes[0].strip():
         notes = notes[1:]
     return "\n".join(md) + ("\n\n```text\n" + "\n".join(notes) + "\n```" if notes else "") + "\n"

@@ -74,7 +74,7 @@ import torch.nn.functional as F
 
 from coolsd.engine import batch_invariant
 from coolsd.engine.decoding.sampling import cfg_combine
-from coolsd.engine.model_protocol import StepOut
+from coolsd.engine.model_protocol import StepOut, id_list
 from coolsd.models.janus import run_tree_masked
 from coolsd.models.kv_cache import KVCache
 from coolsd.models.row_ends import RowEndTarget
@@ -257,7 +257,7 @@ class Emu3Target(RowEndTarget):
         for c in cond:
             if not isinstance(c, Sequence) or len(c) != 2:
                 raise ValueError("each cond entry must be an Emu3Prompt(ids, negative): the world's encode makes them")
-            ids, neg = (torch.as_tensor(x, dtype=torch.long, device="cpu").flatten().tolist() for x in c)
+            ids, neg = (id_list(x) for x in c)
             checked = (("prompt", ids), ("negative prompt", neg)) if self.guided else (("prompt", ids),)
             for name, x in checked:  # unguided: the negative prompt is never run
                 if not x or min(x) < 0 or max(x) >= V:

@@ -69,7 +69,7 @@ from coolsd.engine import batch_invariant
 from coolsd.engine.batch_invariant import commit_each, forward_each
 from coolsd.engine.decoding.sampling import cfg_combine
 from coolsd.engine.host_reads import host_checks
-from coolsd.engine.model_protocol import StepOut
+from coolsd.engine.model_protocol import StepOut, id_list
 from coolsd.models.kv_cache import CacheStep, KVCache
 from coolsd.util.loading import BadInputFile, MissingInputFile, reading
 
@@ -301,7 +301,7 @@ class JanusTarget:
             raise ValueError(f"cond must be {batch_size} prompt-id sequences, got {type(cond).__name__}")
         prompts = []
         for p in cond:
-            ids = torch.as_tensor(p, dtype=torch.long, device="cpu").flatten().tolist()
+            ids = id_list(p)
             if not ids or min(ids) < 0 or max(ids) >= self.text_vocab:
                 raise ValueError(f"prompt ids must be a non-empty sequence of ids in [0, {self.text_vocab})")
             if ids[-1] != self.tokens.boi:

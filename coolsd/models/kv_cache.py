@@ -110,9 +110,10 @@ class KVCache:
         )
 
     def fits(self, max_len: int) -> bool:
-        """Whether the buffers hold ``max_len`` slots: a static cache exactly (its compiled graphs
-        are specialised to the buffer shape), a dynamic one at least."""
-        return self.max_len == max_len if self.static else self.max_len >= max_len
+        """Whether the buffers hold ``max_len`` slots. A static cache that holds more is reused too:
+        its compiled graphs are specialised to its buffers' shape, whatever the sequence needs, so
+        reusing it (a prompt of another length) runs the same graphs."""
+        return self.max_len >= max_len
 
     def reset(self, max_committed: Optional[int] = None) -> None:
         """Empty the cache for a new sequence. Every tensor keeps its storage (``length`` and

@@ -54,7 +54,7 @@ import torch
 
 from coolsd.engine import batch_invariant
 from coolsd.engine.decoding.sampling import cfg_combine
-from coolsd.engine.model_protocol import StepOut
+from coolsd.engine.model_protocol import StepOut, id_list
 from coolsd.models.chameleon import HF_SOURCE, ChameleonLM, load_chameleon
 from coolsd.models.chameleon_vq import CHAMELEON_VQGAN, load_vqgan
 from coolsd.models.kv_cache import KVCache
@@ -161,14 +161,6 @@ class ImageVocab:
         return match.long().argmax(-1)
 
 
-def id_list(ids) -> list[int]:
-    """A prompt's ids as a list: a list or tuple as it is (host data: no tensor made and read back),
-    a tensor flattened."""
-    if isinstance(ids, (list, tuple)):
-        return [int(i) for i in ids]
-    return torch.as_tensor(ids, dtype=torch.long, device="cpu").flatten().tolist()
-
-
 # ---------------------------------------------------------------------------------------- target
 class LuminaTarget(RowEndTarget):
     """``ImageTarget`` over a ``ChameleonLM`` (see the module docstring for the token layout).
@@ -236,9 +228,7 @@ class LuminaTarget(RowEndTarget):
         # the sequence's known maximum: prefix, every image token, a newline per row and the pending
         # entries of a round (cache_headroom), so a decode never grows the cache
         need = prefix_len + self.n_image_tokens + self.h_latent + self.cache_headroom
-        # reused while it holds the sequence (a static cache too: its graphs are over its buffer,
-        # whatever the prompt's length), so every batch of a compiled run runs the same graphs
-        if self.cache is not None and self.cache.matches(*shape) and self.cache.max_len >= need:
+        if self.cache is not None and self.cache.matches(*shape) and self.cache.fits(need):
             self.cache.reset(max_committed=need - self.cache_headroom)
             return self.cache
         self.cache = None  # the old cache's last reference: freed before the new one is allocated (peak: one cache)
@@ -357,5 +347,5 @@ def load_lumina_target(
 
 
 __all__ = [
-    "ImageVocab", "LuminaTarget", "LuminaTokens", "PROMPT_TEMPLATE", "load_lumina_target", "id_list", "prompt_ids", "prompt_text",
+    "ImageVocab", "LuminaTarget", "LuminaTokens", "PROMPT_TEMPLATE", "load_lumina_target", "prompt_ids", "prompt_text",
 ]

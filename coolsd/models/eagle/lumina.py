@@ -54,12 +54,11 @@ import torch.nn as nn
 from coolsd.engine import batch_invariant
 from coolsd.engine.decoding.sampling import cfg_combine
 from coolsd.engine.host_reads import host_checks
-from coolsd.engine.model_protocol import StepOut
+from coolsd.engine.model_protocol import StepOut, id_list
 from coolsd.models.blocks import compute_dtype
 from coolsd.models.chameleon import ChameleonConfig, ChameleonDecoderLayer, HeadLayerNorm, rope_1d
 from coolsd.models.eagle.model import head_logits, read_drafter_folder, warn_variant_mismatch
 from coolsd.models.kv_cache import KVCache
-from coolsd.models.lumina import id_list
 from coolsd.util.loading import BadInputFile, check_state_dict, read_torch_checkpoint
 
 LUMINA_DRAFTER_SOURCE = (
@@ -351,7 +350,7 @@ class LuminaEagleDrafter:
         shape = (c.num_hidden_layers, n, c.num_attention_heads, c.head_dim, h.dtype, h.device)
         # the sequence's known maximum (as ``LuminaTarget._new_cache``): a decode never grows the cache
         need = prefix + self.n_image_tokens + self.h_latent + self.cache_headroom
-        if self.cache is not None and self.cache.matches(*shape) and self.cache.max_len >= need:
+        if self.cache is not None and self.cache.matches(*shape) and self.cache.fits(need):
             self.cache.reset(max_committed=need - self.cache_headroom)
             return self.cache
         self.cache = None  # the old cache's last reference: freed before the new one is allocated (peak: one cache)
