@@ -44,6 +44,111 @@ def config_label(params: dict) -> str:
     return " ".join([name] + [f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(rest.items())])
 
 
+# run.json keys that are not run-level settings: the methods are labelled by their own parameters, and
+# the shard count changes neither the samples nor their timing
+NOT_SETTINGS = ("methods", "method", "shards")
+# config groups that hold no setting of what ran: the method's (its resolved parameters stand for
+# them), the shard's, the logger's and Hydra's
+NOT_RUN_GROUPS = ("method", "shard", "logger", "hydra")
+# config groups that configure drafting only: the AR baseline ran the same with any of them
+DRAFTING_GROUPS = ("tree", "draft")
+# a label's values are cut to this many characters (a weight fingerprint, a path)
+LABEL_VALUE_CHARS = 20
+
+
+def flatten(tree: dict) -> dict:
+    """{dotted key: value} of a nested dict (pandas' ``json_normalize``); a list becomes its JSON
+    text (a hashable value)."""
+    flat = pd.json_normalize(tree).to_dict("records")[0] if tree else {}
+    return {k: json.dumps(v) if isinstance(v, list) else v for k, v in flat.items()}
+
+
+def run_settings(folder: Path) -> tuple[dict, list[str]]:
+    """(settings, set_keys) of a run folder: every run-level setting as {dotted key: value}, from its
+    identity (``run.json``: target, weight fingerprints, sampling, seed, prompts, device, threads)
+    and, for a run of ``run.py``, its resolved config (``.hydra/config.yaml``, without the method's
+    group: its resolved parameters are in the records); ``set_keys``: the keys its command line set
+    (``.hydra/overrides.yaml``), in their order. Both empty for a folder with neither file."""
+    folder = Path(folder)
+    settings: dict = {}
+    config = folder / ".hydra" / "config.yaml"
+    if config.is_file():
+        cfg = OmegaConf.to_container(OmegaConf.load(config), resolve=False)
+        settings.update(flatten({k: v for k, v in cfg.items() if k not in NOT_RUN_GROUPS}))
+    ident = folder / "run.json"
+    if ident.is_file():
+        settings.update(flatten({k: v for k, v in json.loads(ident.read_text()).items() if k not in NOT_SETTINGS}))
+    set_keys = []
+    overrides = folder / ".hydra" / "overrides.yaml"
+    if overrides.is_file():
+        for item in OmegaConf.to_container(OmegaConf.load(overrides)):
+            key = str(item).split("=", 1)[0].lstrip("+~")
+            if key.split(".")[0] not in NOT_RUN_GROUPS and key in settings:
+                set_keys.append(key)
+    return settings, set_keys
+
+
+def _shown_value(v) -> str:
+    """A value as a label shows it: floats in their shortest form, long text cut."""
+    text = f"{v:g}" if isinstance(v, float) else str(v)
+    return text if len(text) <= LABEL_VALUE_CHARS else text[: LABEL_VALUE_CHARS - 1] + "\u2026"
+
+
+def _same_as(v) -> str:
+    """Equal for values that mean the same setting: 2 and 2.0 (a command line's int, a default's float)."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return repr(float(v))
+    return json.dumps(v, sort_keys=True, default=str)
+
+
+def configuration_labels(configs: list[dict]) -> list[str]:
+    """One label per configuration: its method's name, then ``key=value`` for the fewest keys that
+    tell it apart from the other configurations. ``configs``: each {"params": the method's resolved
+    parameters (``describe()``), "settings", "set_keys" (``run_settings``), "prompts": what identifies
+    its prompt set, "where": its run folder as shown}.
+
+    Keys are tried in this order: the method's parameters, the settings the command line set, the
+    other settings, the prompt set, the run folder (shown as ``@ folder``). A key is taken only where
+    it splits a group of configurations that read alike so far, and shows only on the configurations
+    of the groups it splits: in a sweep ``method=coolsd method.delta=1.1,2`` the labels are ``ar``,
+    ``coolsd delta=1.1`` and ``coolsd delta=2``; in ``method=coolsd,lantern_pp,sjd`` the method names."""
+    params = [{k: v for k, v in c["params"].items() if k not in DERIVED_PARAMS} for c in configs]
+    keys = [("params", k) for p in params for k in p]
+    keys += [("settings", k) for c in configs for k in c["set_keys"]]
+    keys += [("settings", k) for c in configs for k in c["settings"]]
+    keys = list(dict.fromkeys(keys)) + [("prompts", None), ("where", None)]
+
+    def value(i: int, source: str, key):
+        if source == "params":
+            return params[i].get(key)
+        return configs[i]["settings"].get(key) if source == "settings" else configs[i][source]
+
+    groups = [(c["params"].get("method", "?"),) for c in configs]
+    parts: list[list[str]] = [[] for _ in configs]
+    for source, key in keys:
+        if len(set(groups)) == len(configs):
+            break
+        vals = [value(i, source, key) for i in range(len(configs))]
+        split = {g for g in set(groups) if len({_same_as(v) for v, h in zip(vals, groups) if h == g}) > 1}
+        if not split:
+            continue
+        for i, g in enumerate(groups):
+            if g in split:
+                parts[i].append(f"@ {vals[i]}" if source == "where" else
+                                f"prompts={_shown_value(vals[i])}" if source == "prompts" else
+                                f"{key}={_shown_value(vals[i])}")
+        groups = [g + (_same_as(v),) for g, v in zip(groups, vals)]
+    return [" ".join([g[0], *p]) for g, p in zip(groups, parts)]
+
+
+def baseline_identity(config: dict) -> str:
+    """What an AR baseline ran on, as text: its parameters, its run's settings but the drafting
+    groups', and its prompt set. Two ARs with the same identity generated the same images."""
+    settings = {k: v for k, v in config["settings"].items() if k.split(".")[0] not in DRAFTING_GROUPS}
+    return _same_as([{k: _same_as(v) for k, v in config["params"].items()},
+                     {k: _same_as(v) for k, v in settings.items()}, config["prompts"]])
+
+
 def records_frame(roots) -> pd.DataFrame:
     """One row per sample: the record's fields (lists and dicts as JSON text), ``run`` (its
     folder), ``config`` (``config_label`` of its parameters; the record's ``method`` is only a

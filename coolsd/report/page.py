@@ -8,9 +8,13 @@ folder, whose ``summary.json`` names its run folder in ``env.records``):
   ``coolsd.metrics.token_maps``; one colour scale for the whole page);
 * filters by method and by prompt.
 
+Each configuration is named by what sets it apart from the others (``configurations``), and an AR
+baseline that several runs ran alike (every job of a sweep runs its own) is shown once.
+
 The page needs no server and no network: images are embedded as base64 PNGs (``--link``: paths
 relative to the page instead), the script and style are inline.
 
+    python -m coolsd.report.page results/toy/sweep -o page.html --grid grid.png   # a Hydra multirun's folder
     python -m coolsd.report.page results/toy -o results/toy/page.html --screenshot results/toy/page.png
     python -m coolsd.report.page outputs/toy/coolsd/<time>_<hash> outputs/toy/eagle/<time>_<hash> -o page.html
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import hashlib
 import html
 import io
 import json
@@ -25,17 +30,20 @@ import math
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
+from coolsd.cli.runner import one_line_errors
 from coolsd.job.summary import AR, fastest_ar, metric_ci
 from coolsd.metrics.token_maps import token_grid
-from coolsd.report.consolidate import find_runs
-from coolsd.report.plots import pareto_plot
+from coolsd.report.consolidate import baseline_identity, configuration_labels, find_runs, run_settings
+from coolsd.report.plots import captioned_grid, pareto_plot
 from coolsd.report.sweep import sweep_frame
-from coolsd.util.records import read_records
+from coolsd.util.errors import InputFileError
+from coolsd.util.records import read_records, save_png_atomic
 from coolsd.util.stats import ratio_ci
 
 # the table's first columns, in this order; every other number of the summary follows
@@ -50,6 +58,10 @@ EXTRA = {"speedup_per_accepted_length", "speedup_without_signals", "images_per_s
 MAP_CMAP = "magma"
 
 
+class MissingRunsError(InputFileError, FileNotFoundError):
+    """The page was asked for runs that are not there (no folder, no records): one line, exit status 2."""
+
+
 class Run:
     """A run folder's records (samples.jsonl) and its summary table ({tag: results entry}, as
     ``coolsd.job.summary.results_table``): the run's own summary.json, else the sweep's that
@@ -59,12 +71,12 @@ class Run:
         self.folder = Path(folder)
         self.records = read_records(self.folder / "samples.jsonl")
         if not self.records:
-            raise FileNotFoundError(f"no records in {self.folder / 'samples.jsonl'}")
+            raise MissingRunsError(f"no records in {self.folder / 'samples.jsonl'}")
         if table is None and (self.folder / "summary.json").exists():
             table = json.loads((self.folder / "summary.json").read_text()).get("results")
         self.table = table or table_from_records(self.records)
-        ident = self.folder / "run.json"
-        self.target = json.loads(ident.read_text()).get("target", "?") if ident.exists() else "?"
+        self.settings, self.set_keys = run_settings(self.folder)
+        self.target = self.settings.get("target", self.settings.get("target.name", "?"))
 
 
 def table_from_records(records: list[dict]) -> dict:
@@ -106,30 +118,90 @@ def load_runs(roots) -> list[Run]:
         summary = root / "summary.json"
         env = json.loads(summary.read_text()).get("env", {}) if summary.exists() else {}
         if env.get("records") and not (root / "samples.jsonl").exists():
-            records = Path(env["records"])
+            records = root / env["records"]  # a relative path starts at the summary's folder
             if not (records / "samples.jsonl").exists():
-                raise FileNotFoundError(f"{summary} names run folder {records}, which holds no samples.jsonl "
+                raise MissingRunsError(f"{summary} names run folder {records}, which holds no samples.jsonl "
                                         "(rerun the sweep, or pass its run folder)")
             runs.append(Run(records, json.loads(summary.read_text())["results"]))
             continue
+        if not root.is_dir():
+            raise MissingRunsError(f"{root} is not a folder (pass run folders, folders holding them, or a sweep's folder)")
         found = find_runs([root])
         if not found:
-            raise FileNotFoundError(f"no run folder (samples.jsonl) under {root}")
+            raise MissingRunsError(f"no run folder (samples.jsonl) under {root}")
         runs.extend(Run(f) for f in found)
     return runs
 
 
-def labels(runs: list[Run]) -> list[dict[str, str]]:
-    """Per run, {tag: the method's label on the page}: the tag itself where no other run has the same
-    tag, else ``tag @ <run folder name>`` (with its parent's name where two run folders share a name,
-    e.g. the same time under two methods)."""
-    count: dict[str, int] = {}
-    for run in runs:
-        for tag in run.table:
-            count[tag] = count.get(tag, 0) + 1
-    names = [run.folder.name for run in runs]
-    where = [n if names.count(n) == 1 else f"{run.folder.parent.name}/{n}" for run, n in zip(runs, names)]
-    return [{tag: tag if count[tag] == 1 else f"{tag} @ {w}" for tag in run.table} for run, w in zip(runs, where)]
+@dataclass
+class Shown:
+    """One configuration as the page shows it: ``tag`` of ``run``, named ``label``; ``runs``: every
+    run whose own ``tag`` it stands for (an AR baseline that several runs ran alike is shown once)."""
+    run: Run
+    tag: str
+    label: str
+    runs: list[Run]
+
+
+def prompt_set(records: list[dict]) -> str:
+    """What identifies the prompts a configuration ran: their count and a digest of their
+    (index, caption, seed)."""
+    items = sorted({(r["prompt_index"], r.get("caption", ""), r.get("seed")) for r in records})
+    return f"{len(items)} ({hashlib.sha1(json.dumps(items).encode()).hexdigest()[:6]})"
+
+
+def configurations(runs: list[Run]) -> list[Shown]:
+    """Every configuration of ``runs`` in their order, labelled by what varies between them
+    (``configuration_labels``). AR baselines with the same ``baseline_identity`` (same parameters,
+    target, weights, seed, sampling and prompt set) are one configuration, shown from the first run
+    that ran it; ARs that ran on anything different stay apart, labelled by what differs."""
+    if len(runs) > 1:
+        common = Path(os.path.commonpath([str(r.folder.resolve()) for r in runs]))
+        where = [r.folder.resolve().relative_to(common).as_posix() or r.folder.name for r in runs]
+    else:
+        where = [r.folder.name for r in runs]
+    entries, configs, seen = [], [], {}
+    for run, place in zip(runs, where):
+        for tag, e in run.table.items():
+            params = e.get("params") or {"method": tag}
+            config = {"params": params, "settings": run.settings, "set_keys": run.set_keys, "where": place,
+                      "prompts": prompt_set([r for r in run.records if r["method"] == tag])}
+            if params.get("method") == AR:
+                same = seen.setdefault(baseline_identity(config), len(entries))
+                if same < len(entries):
+                    entries[same][2].append(run)
+                    continue
+            entries.append((run, tag, [run]))
+            configs.append(config)
+    return [Shown(run, tag, label, covered)
+            for (run, tag, covered), label in zip(entries, configuration_labels(configs))]
+
+
+def by_prompt(shown: list[Shown]) -> dict[tuple[int, str], dict[str, tuple[Run, dict]]]:
+    """{(prompt index, caption): {label: (run, record)}} of the shown configurations, by prompt index."""
+    prompts: dict[tuple[int, str], dict[str, tuple[Run, dict]]] = {}
+    for c in shown:
+        for r in c.run.records:
+            if r["method"] == c.tag:
+                prompts.setdefault((r["prompt_index"], r.get("caption", "")), {})[c.label] = (c.run, r)
+    return dict(sorted(prompts.items()))
+
+
+def write_grid(runs: list[Run], out: Path) -> Path:
+    """``out``: a PNG of every configuration's image (a column each, its label above) of every
+    prompt (a row each, the prompt on its left), as ``coolsd.report.plots.captioned_grid`` draws it."""
+    shown = configurations(runs)
+    prompts = by_prompt(shown)
+    if not prompts:
+        raise FileNotFoundError(f"no image records in {', '.join(str(r.folder) for r in runs)}")
+    rows, images = [], []
+    for (idx, caption), cells in prompts.items():
+        rows.append(f"#{idx} {caption}")
+        images.append([np.asarray(Image.open(cells[c.label][0].folder / cells[c.label][1]["image"]).convert("RGB"))
+                       if c.label in cells and cells[c.label][1].get("image") else None for c in shown])
+    grid, _ = captioned_grid([c.label for c in shown], rows, images)
+    save_png_atomic(grid, Path(out))
+    return Path(out)
 
 
 def _png(arr: np.ndarray) -> bytes:
@@ -201,10 +273,12 @@ def build_page(runs: list[Run], out: Path, *, title: str = "Method comparison", 
     import pandas as pd
 
     out = Path(out)
-    names = labels(runs)
+    shown = configurations(runs)
+    # per run, {tag: label} of the configurations shown from it (an AR shown from another run is not)
+    names = [{c.tag: c.label for c in shown if c.run is run} for run in runs]
     frames = []
     for run, name in zip(runs, names):
-        df = sweep_frame(run.table)
+        df = sweep_frame({tag: e for tag, e in run.table.items() if tag in name})
         df["run"] = str(run.folder)
         df["tag"] = df["tag"].map(name)
         frames.append(df)
@@ -242,11 +316,7 @@ def build_page(runs: list[Run], out: Path, *, title: str = "Method comparison", 
             pareto = f'<p id="pareto">No Pareto plot: {html.escape(str(e))}</p>'
 
     # per prompt: every method's image, numbers and distortion map
-    prompts: dict[tuple[int, str], dict[str, tuple[Run, dict]]] = {}
-    for run, name in zip(runs, names):
-        for r in run.records:
-            if r["method"] in name:
-                prompts.setdefault((r["prompt_index"], r.get("caption", "")), {})[name[r["method"]]] = (run, r)
+    prompts = by_prompt(shown)
     tvs = [v for cells in prompts.values() for _, r in cells.values() for v in (r.get("token_tv") or [])]
     vmax = max(max(tvs, default=0.0), 1e-12)
     sections = []
@@ -277,9 +347,14 @@ def build_page(runs: list[Run], out: Path, *, title: str = "Method comparison", 
     checks = "".join(f'<label><input type="checkbox" value="{html.escape(m)}" checked> {html.escape(m)}</label>'
                      for m in methods)
     run_lines = "".join(f"<li><code>{html.escape(_shown_path(r.folder))}</code>: target {html.escape(r.target)}, "
-                        f"{len({x['prompt_index'] for x in r.records})} prompts, {len(r.table)} methods</li>"
-                        for r in runs)
-    fastest = sorted({e["fastest_ar"] for run in runs for e in run.table.values() if e.get("fastest_ar")})
+                        f"{len({x['prompt_index'] for x in r.records})} prompts, "
+                        f"{html.escape(', '.join(c.label for c in shown if r in c.runs))}</li>" for r in runs)
+    run_lines += "".join(f'<li class="shared">{html.escape(c.label)}: ran alike in {len(c.runs)} runs (same target, '
+                         "weights, seed, sampling and prompts), shown once, from the first; each method's speed-up "
+                         "is against the AR of its own run</li>" for c in shown if len(c.runs) > 1)
+    label_of = {(id(run), c.tag): c.label for c in shown for run in c.runs}
+    fastest = sorted({label_of.get((id(run), e["fastest_ar"]), e["fastest_ar"])
+                      for run in runs for e in run.table.values() if e.get("fastest_ar")})
     fastest_note = f" (here: {html.escape(', '.join(fastest))})" if fastest else ""
     return PAGE.format(title=html.escape(title), runs=run_lines, head="".join(head), body="".join(body),
                        fastest=fastest_note,
@@ -289,9 +364,11 @@ def build_page(runs: list[Run], out: Path, *, title: str = "Method comparison", 
 
 
 def write_page(roots, out: Path, *, title: str = "Method comparison", embed: bool = True) -> Path:
-    """Build the page of the runs under ``roots`` and write it at ``out`` (atomically)."""
+    """Build the page of the runs under ``roots`` (folders, or runs ``load_runs`` loaded) and write
+    it at ``out`` (atomically)."""
     out = Path(out)
-    text = build_page(load_runs(roots), out, title=title, embed=embed)
+    runs = list(roots) if roots and all(isinstance(r, Run) for r in roots) else load_runs(roots)
+    text = build_page(runs, out, title=title, embed=embed)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".partial")
     tmp.write_text(text, encoding="utf-8")
@@ -360,17 +437,18 @@ th{background:#f3f3f3;cursor:pointer;user-select:none;position:relative}
 th[aria-sort=ascending]::after{content:" \\25B2"} th[aria-sort=descending]::after{content:" \\25BC"}
 td:first-child,td:nth-child(2),th:first-child,th:nth-child(2){text-align:left}
 .ci{display:block;color:#777;font-size:10px}
-#pareto{max-width:100%;width:760px}
+#pareto{max-width:100%}
 #methods:not(.all) .extra{display:none}
 .legend{font-size:12px;color:#555} .legend img{height:10px;width:160px;vertical-align:middle;margin:0 4px}
 .row{display:flex;flex-wrap:wrap;gap:6px}
 .card{border:1px solid #ddd;border-radius:4px;padding:4px;font-size:11px}
-.lbl{font-weight:600;margin-bottom:2px;white-space:nowrap;overflow:hidden;text-overflow:ellipsis}
-.card{width:96px}
+.lbl{font-weight:600;margin-bottom:2px;overflow-wrap:anywhere;min-height:2.6em}
+.card{width:120px}
 .pics{display:flex;flex-direction:column;gap:3px}
-.pics img{width:96px;height:96px;image-rendering:pixelated}
+.pics img{width:120px;height:120px;image-rendering:pixelated}
 .nums span{display:block;white-space:nowrap}
-.none{width:96px;height:96px;display:flex;align-items:center;justify-content:center;background:#f3f3f3;color:#999}
+.none{width:120px;height:120px;display:flex;align-items:center;justify-content:center;background:#f3f3f3;color:#999}
+.shared{color:#777}
 .hidden{display:none !important}
 """
 
@@ -453,13 +531,20 @@ def main(argv=None):
     ap.add_argument("--title", default="Method comparison")
     ap.add_argument("--link", action="store_true",
                     help="refer to the images by paths relative to the page instead of embedding them")
+    ap.add_argument("--grid", type=Path, default=None,
+                    help="also write a PNG of every configuration's image per prompt, captioned (label above "
+                         "each column, prompt beside each row)")
     ap.add_argument("--screenshot", type=Path, default=None,
                     help="also write a PNG of the page's top as headless chromium shows it (selenium, chromium-driver)")
     a = ap.parse_args(argv)
-    out = write_page(a.runs, a.out, title=a.title, embed=not a.link)
-    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB)")
-    if a.screenshot:
-        print(f"wrote {screenshot(out, a.screenshot)}")
+    with one_line_errors():
+        runs = load_runs(a.runs)
+        out = write_page(runs, a.out, title=a.title, embed=not a.link)
+        print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB)")
+        if a.grid:
+            print(f"wrote {write_grid(runs, a.grid)}")
+        if a.screenshot:
+            print(f"wrote {screenshot(out, a.screenshot)}")
 
 
 if __name__ == "__main__":
