@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from coolsd.report.plots import pareto_plot
 from coolsd.report.sweep import ROOT, ci_text, sweep_frame, toy_sweep
 from coolsd.toy.scenes import render_batch
 from coolsd.util.records import save_png_atomic, write_json_atomic
-from coolsd.util.stats import mean_ci
+from coolsd.util.stats import holm_adjusted, mean_ci, t_test_p
 
 # (tag, method, params); one shared tree for every drafting method (fairness)
 SWEEP = [
@@ -43,13 +44,46 @@ SWEEP = [
 ]
 
 
-def distortion_checks(outputs: dict, table: dict) -> list[str]:
-    """The quality signals' goals on this sweep, each line ok / FAILED with its numbers; a goal whose
-    signal the sweep's tree does not define (the exact distortion and the expected NLL are chain-only,
-    docs/distortion.md) is listed as not checked."""
-    def line(ok, text):
-        return f"- {'ok' if ok else 'FAILED'}: {text}"
+FAMILY_LEVEL = 0.05  # the family-wise error rate of the checks that a mean is 0 (Holm)
 
+
+def check_line(ok: bool, text: str) -> str:
+    return f"- {'ok' if ok else 'FAILED'}: {text}"
+
+
+def zero_mean_checks(named: list[tuple[str, dict]], level: float = FAMILY_LEVEL) -> list[str]:
+    """The checks that a mean is 0, as one family: ``named`` = (what, ``mean_ci`` of it, a t-interval
+    with ``ci95``). Each line shows the check's own 95% interval and says what it found (contains /
+    excludes 0) and its p-value; the verdict is Holm's (``coolsd.util.stats.holm_adjusted``): a check
+    fails only where its adjusted p is below ``level``, so all the family's means being 0 gives one
+    or more FAILED lines with probability at most ``level``, however many checks there are (each
+    95% interval alone excludes 0 in 1 of 20 checks by chance). A mean without an interval (n = 1)
+    is listed as not checked and is not in the family. The first line states the family and level."""
+    tested = [(what, ci) for what, ci in named if "ci95" in ci]
+    adjusted = holm_adjusted([t_test_p(ci) for _, ci in tested])
+    out = [f"- the {len(tested)} checks that a mean is 0 below are one family, Holm-corrected at family-wise level "
+           f"{level:g}: a check fails where its Holm-adjusted p < {level:g}; each shows its own 95% interval and "
+           f"p (by chance alone {len(tested)} x 0.05 = {0.05 * len(tested):.1f} of them exclude 0 on average)"]
+    for (what, ci), p_adj in zip(tested, adjusted):
+        lo, hi = ci["ci95"]
+        found = "contains 0" if lo <= 0 <= hi else "excludes 0"
+        out.append(check_line(p_adj >= level, f"{what} {ci['mean']:+.4f} [{lo:+.4f}, {hi:+.4f}]: 95% interval {found}, "
+                                              f"p = {t_test_p(ci):.2g}, Holm-adjusted p = {p_adj:.2g}"))
+    out += [f"- not checked: {what}: {ci['no_ci']}" for what, ci in named if "ci95" not in ci]
+    return out
+
+
+def failed_checks(lines: list[str]) -> list[str]:
+    """The FAILED lines of ``distortion_checks``: any makes ``make demo`` exit with status 1."""
+    return [x for x in lines if x.startswith("- FAILED")]
+
+
+def distortion_checks(outputs: dict, table: dict, level: float = FAMILY_LEVEL) -> list[str]:
+    """The quality signals' goals on this sweep, each line ok / FAILED with its numbers: the exact
+    ones (step TV exactly 0; increasing in delta) alone, the means that should be 0 (NLL shifts,
+    sampled - expected NLL) as one Holm-corrected family (``zero_mean_checks``). A goal whose signal
+    the sweep's tree does not define (the exact distortion and the expected NLL are chain-only,
+    docs/distortion.md) is listed as not checked."""
     def unchecked(text):
         return f"- not checked: {text} (not defined for trees, docs/distortion.md)"
 
@@ -60,7 +94,7 @@ def distortion_checks(outputs: dict, table: dict) -> list[str]:
             out.append(unchecked(f"{tag}: step_tv is exactly 0 on every image"))
             continue
         worst = max(abs(v) for v in tvs)
-        out.append(line(worst == 0.0, f"{tag}: step_tv is exactly 0 on every image (max |step_tv| = {worst:g})"))
+        out.append(check_line(worst == 0.0, f"{tag}: step_tv is exactly 0 on every image (max |step_tv| = {worst:g})"))
     for family in ("uniform_rsd", "coolsd"):
         entries = [(tag, e) for tag, e in table.items() if e["params"]["method"] == family]
         if any("step_tv" not in e for _, e in entries):
@@ -69,28 +103,24 @@ def distortion_checks(outputs: dict, table: dict) -> list[str]:
         pts = sorted((e["params"]["delta"], e["step_tv"]["mean"], tag) for tag, e in entries)
         means = [m for _, m, _ in pts]
         ok = all(m > 0 for m in means) and all(a < b for a, b in zip(means, means[1:]))
-        out.append(line(ok, f"{family}: step_tv positive and increasing in delta: "
-                            + ", ".join(f"delta {d:g}: {m:.2f}" for d, m, _ in pts)))
+        out.append(check_line(ok, f"{family}: step_tv positive and increasing in delta: "
+                                  + ", ".join(f"delta {d:g}: {m:.2f}" for d, m, _ in pts)))
+    zero = []  # (what, mean_ci) whose goal is a mean of 0
     for key, what in (("target_nll_minus_ar", "NLL shift"), ("target_nll_expected_minus_ar", "expected-NLL shift")):
         for tag in ("eagle", "sjd"):
             if key not in table[tag]:
-                out.append(unchecked(f"{tag}: {what} vs AR contains 0"))
-                continue
-            e = table[tag][key]
-            ci = e["ci95"]
-            out.append(line(ci[0] <= 0 <= ci[1], f"{tag}: {what} vs AR {e['mean']:+.4f} [{ci[0]:+.4f}, {ci[1]:+.4f}] "
-                                                 "contains 0"))
+                out.append(unchecked(f"{tag}: {what} vs AR is 0"))
+            else:
+                zero.append((f"{tag}: {what} vs AR", table[tag][key]))
     # every method: the sampled NLL minus its exact conditional expectation has mean 0 (a martingale
     # difference per token) if and only if the tokens are drawn from the pi the loop reports
     for tag, (recs, _) in outputs.items():
         if any(r.get("target_nll_expected") is None for r in recs):
-            out.append(unchecked(f"{tag}: sampled NLL - expected NLL contains 0"))
-            continue
-        d = mean_ci([r["target_nll"] - r["target_nll_expected"] for r in recs])
-        ci = d["ci95"]
-        out.append(line(ci[0] <= 0 <= ci[1], f"{tag}: sampled NLL - expected NLL {d['mean']:+.4f} "
-                                             f"[{ci[0]:+.4f}, {ci[1]:+.4f}] contains 0"))
-    return out
+            out.append(unchecked(f"{tag}: sampled NLL - expected NLL is 0"))
+        else:
+            zero.append((f"{tag}: sampled NLL - expected NLL",
+                         mean_ci([r["target_nll"] - r["target_nll_expected"] for r in recs])))
+    return out + zero_mean_checks(zero, level)
 
 
 def main(argv=None):
@@ -110,7 +140,11 @@ def main(argv=None):
     df = sweep_frame(table)
     a.out.mkdir(parents=True, exist_ok=True)
     df.drop(columns=["params"]).to_csv(a.out / "table.csv", index=False)
-    write_json_atomic({"env": env, "results": table}, a.out / "summary.json")
+    checks = distortion_checks(outputs, table)
+    write_json_atomic({"env": env, "results": table,
+                       "checks": {"lines": checks, "failed": len(failed_checks(checks)),
+                                  "zero_mean_family_level": FAMILY_LEVEL, "zero_mean_correction": "holm"}},
+                      a.out / "summary.json")
     s = env["sampling"]
     lines = [f"Toy world, {a.prompts} prompts, batch 1, CPU 1 thread ({env['cpu']}), tree `{a.tree}`"
              f"{f' (L={a.draft_length})' if a.tree == 'chain' else ''}, CFG {env['cfg_scale']}, "
@@ -135,7 +169,7 @@ def main(argv=None):
                      f"{ci_text(r, 'toy_clip_minus_ar', '{:+.3f}')} | {ci_text(r, 'toy_fid', '{:.1f}')} | "
                      f"{ci_text(r, 'toy_fid_minus_ar', '{:+.1f}')} | {ci_text(r, 'toy_precision', '{:.2f}')} | "
                      f"{ci_text(r, 'toy_recall', '{:.2f}')} |")
-    (a.out / "table.md").write_text("\n".join(lines + [""] + distortion_checks(outputs, table)) + "\n")
+    (a.out / "table.md").write_text("\n".join(lines + [""] + checks) + "\n")
     records_by_tag = {tag: recs for tag, (recs, _) in outputs.items()}
     distortion_figure(records_by_tag, a.out / "distortion.png", f"Toy world: exact per-token distortion, {a.prompts} prompts")
     for tag, recs in records_by_tag.items():  # one map per method with drafted tokens
@@ -145,9 +179,13 @@ def main(argv=None):
     save_png_atomic(make_grid(grid_rows, labels=list(outputs) + ["reference"]), a.out / "grid.png")
     write_page([a.out], a.out / "page.html", title=f"Toy world: every method on {a.prompts} prompts")
     print("\n".join(lines))
-    print("\n".join(distortion_checks(outputs, table)))
+    print("\n".join(checks))
     print(json.dumps({"wrote": str(a.out), "records": str(records), "generation_seconds": round(env["generation_seconds"])}))
+    failed = failed_checks(checks)
+    if failed:
+        print(f"make demo: {len(failed)} check(s) FAILED (listed above; results written to {a.out})", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -15,6 +15,8 @@ picks the interval that respects where the quantity lives:
   the mean (Student-t quantile), mapped back, so 0 <= lo <= hi <= 1.
 * ``ratio_ci``: mean(num) / mean(den) of positive numbers (speed-up) by a bootstrap
   (``scipy.stats.bootstrap``, BCa, percentile where BCa is undefined), positive by construction.
+* ``t_test_p`` / ``holm_adjusted``: the p-value a t-interval inverts, and Holm's correction of a
+  family of p-values, for checks that a family of intervals contains 0 (``make demo``).
 
 Invariants: ``lo <= mean <= hi`` and [lo, hi] lies in the domain; values outside the domain are
 an error naming them, except float noise: a value at most ``noise`` outside its bound (the
@@ -161,3 +163,34 @@ def ratio_ci(num, den, level: float = 0.95, resamples: int = 2000, seed: int = 0
         res = _scipy_stats().bootstrap((num, den), ratio, method="percentile", **kw)
         lo, hi = res.confidence_interval
     return _interval(m, float(lo), float(hi), float(res.standard_error), n, "bootstrap")
+
+
+def t_test_p(ci: dict, null: float = 0.0) -> float:
+    """The two-sided p-value of "the mean is ``null``" behind a Student-t interval of ``mean_ci``
+    (``interval: "t"``: ``mean``, ``std``, ``n``): below 1 - level exactly when that level's
+    interval excludes ``null`` (the one-sample t-test the interval inverts). All values equal
+    (``std`` 0): 1 where the mean is ``null``, else 0."""
+    if ci.get("interval") != "t" or "std" not in ci:
+        raise ValueError(f"t_test_p needs a Student-t interval of mean_ci with n >= 2, got {ci!r}")
+    n, sd, m = int(ci["n"]), float(ci["std"]), float(ci["mean"])
+    if sd == 0:
+        return 1.0 if m == null else 0.0
+    return float(2 * _scipy_stats().t.sf(abs(m - null) / (sd / math.sqrt(n)), n - 1))
+
+
+def holm_adjusted(pvalues) -> np.ndarray:
+    """Holm's step-down adjusted p-values (Holm 1979), as ``statsmodels.stats.multitest.
+    multipletests(p, method="holm")[1]`` computes them (statsmodels is not a dependency; scipy's
+    ``false_discovery_control`` has only the FDR methods): the i-th smallest of m p-values
+    (0-based) times m - i, made non-decreasing in that order by a running maximum, capped at 1.
+    Rejecting every hypothesis whose adjusted p is below ``alpha`` keeps the family-wise error
+    rate (the chance of one or more false rejections among the m) at most ``alpha``, whatever
+    the dependence between the tests. Returned in the input's order."""
+    p = np.asarray(pvalues, dtype=np.float64).ravel()
+    if p.size and not ((p >= 0) & (p <= 1)).all():
+        raise ValueError(f"holm_adjusted needs p-values in [0, 1], got {p.tolist()}")
+    order = np.argsort(p, kind="stable")
+    stepped = np.maximum.accumulate((len(p) - np.arange(len(p))) * p[order])
+    out = np.empty_like(p)
+    out[order] = np.minimum(stepped, 1.0)
+    return out

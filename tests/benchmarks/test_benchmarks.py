@@ -40,7 +40,7 @@ def test_the_demo_checks_list_what_a_tree_leaves_undefined_instead_of_failing():
     (None in the records, absent from the table): those checks are listed as not checked, the
     others still run."""
     checks = _load("toy_sweep").distortion_checks
-    ci = {"mean": 0.01, "ci95": [-0.1, 0.1]}
+    ci = _t_interval(0.01, 0.1)
     rec = {"step_tv": None, "target_nll": 1.0, "target_nll_expected": None}
     outputs = {t: ([{**rec, "step_tv": 0.0} if t in ("eagle", "sjd") else rec], None)
                for t in ("ar", "eagle", "sjd", "coolsd_2")}
@@ -152,3 +152,66 @@ def test_signal_overhead_smoke_run(tmp_path):
     assert "| eager | 1 | lantern_pp |" in (tmp_path / "signal_overhead.md").read_text()
     with pytest.raises(SystemExit):  # a one-line usage error before any world is loaded
         c.main(["--modes", "eager", "--methods", "eagle,no_such_method", "--out", str(tmp_path)])
+
+
+def _t_interval(mean: float, half_width: float, n: int = 120) -> dict:
+    """A ``mean_ci`` t-interval with this mean and 95% half-width (``std`` solved from it)."""
+    from scipy import stats
+
+    sd = half_width * n ** 0.5 / stats.t.ppf(0.975, n - 1)
+    return {"mean": mean, "ci95": [mean - half_width, mean + half_width], "std": sd, "n": n, "interval": "t"}
+
+
+def _sweep_checks(nll_shift: dict, n_methods: int = 10) -> list[str]:
+    """``distortion_checks`` of a synthetic sweep: eagle's NLL shift vs AR is ``nll_shift``, every
+    other zero-mean check is exactly 0 (sampled NLL = its expectation; shifts 0 with zero width)."""
+    rec = [{"step_tv": 0.0, "target_nll": 1.5, "target_nll_expected": 1.5}] * 120
+    tags = ["ar", "eagle", "sjd"] + [f"m{k}" for k in range(n_methods - 3)]
+    zero = _t_interval(0.0, 0.0)
+    table = {t: {"params": {"method": t}, "target_nll_minus_ar": zero, "target_nll_expected_minus_ar": zero}
+             for t in ("eagle", "sjd")}
+    table["eagle"]["target_nll_minus_ar"] = nll_shift
+    return _load("toy_sweep").distortion_checks({t: (rec, None) for t in tags}, table)
+
+
+def test_a_check_says_whether_its_interval_contains_0():
+    """Each zero-mean check states what its interval shows: an interval that misses 0 reads
+    "excludes 0", never the goal's "contains 0"."""
+    lines = _sweep_checks(_t_interval(-0.0300, 0.0272))
+    eagle = next(x for x in lines if ": eagle: NLL shift vs AR" in x)
+    assert "-0.0300 [-0.0572, -0.0028]" in eagle and "95% interval excludes 0" in eagle and "contains 0" not in eagle
+    sjd = next(x for x in lines if ": sjd: NLL shift vs AR" in x)
+    assert "95% interval contains 0" in sjd and "excludes 0" not in sjd
+
+
+def test_the_zero_mean_checks_are_one_holm_family_stated_in_the_output():
+    """14 checks of a mean of 0, one of which misses 0 at p ~ 0.03, is what chance gives: Holm's
+    adjusted p (14 x 0.03 > 0.05) keeps it ok, while its own interval is still reported as excluding
+    0. A check far outside (p ~ 1e-6) fails, and only a failure makes the demo's exit status 1
+    (``failed_checks``). A line states the family's size, the correction and the level."""
+    sweep = _load("toy_sweep")
+    lines = _sweep_checks(_t_interval(0.03, 0.0272))
+    family = next(x for x in lines if "Holm" in x and "family" in x)
+    assert "14 checks" in family and "family-wise level 0.05" in family
+    eagle = next(x for x in lines if ": eagle: NLL shift vs AR" in x)
+    assert eagle.startswith("- ok: eagle") and "excludes 0" in eagle and "Holm-adjusted p = 0.4" in eagle
+    assert sweep.failed_checks(lines) == []
+    real = _sweep_checks(_t_interval(0.1, 0.04))
+    assert [f.split(" +")[0] for f in sweep.failed_checks(real)] == ["- FAILED: eagle: NLL shift vs AR"]
+
+
+def test_the_demo_checks_fail_where_a_lossless_method_misses_0_by_far_and_count_every_zero_mean_check():
+    """``distortion_checks`` on synthetic records: the NLL identity of a method whose sampled NLL sits
+    far from its expectation fails (and is the only failure); every interval check is in the family."""
+    checks = _load("toy_sweep")
+    rng = np.random.default_rng(0)
+    rec = lambda shift: [{"step_tv": 0.0, "target_nll": e + shift + rng.normal(0, 0.1), "target_nll_expected": e}
+                         for e in rng.uniform(1, 2, 120)]
+    outputs = {"ar": (rec(0.0), None), "eagle": (rec(0.0), None), "sjd": (rec(0.2), None)}
+    zero = _t_interval(0.0, 0.05)
+    table = {t: {"params": {"method": t}, "target_nll_minus_ar": zero, "target_nll_expected_minus_ar": zero}
+             for t in ("eagle", "sjd")}
+    lines = checks.distortion_checks(outputs, table)
+    assert "7 checks" in next(x for x in lines if "Holm" in x)
+    failed = checks.failed_checks(lines)
+    assert len(failed) == 1 and failed[0].startswith("- FAILED: sjd: sampled NLL - expected NLL")

@@ -130,3 +130,27 @@ def test_four_prompt_toy_summary_respects_domains_and_says_where_n_is_too_small(
         warnings.simplefilter("error")
         lines = summary_lines(ToyWorld, results_table(ToyWorld, one, scenes[:1], files))
     assert "(n=1: no CI)" in lines[1] and "(n=1: no CI)" in lines[2]
+
+
+# ---- the p-value behind a t-interval, Holm's correction of a family -------------------------------------
+def test_t_test_p_is_the_one_sample_t_test_its_interval_inverts():
+    from coolsd.util.stats import t_test_p
+
+    x = np.random.default_rng(5).normal(0.2, 1.0, size=40)
+    c = mean_ci(x)
+    assert t_test_p(c) == pytest.approx(stats.ttest_1samp(x, 0.0).pvalue)
+    assert (t_test_p(c) < 0.05) == (not c["lo"] <= 0 <= c["hi"])
+    assert t_test_p(mean_ci([0.0, 0.0, 0.0])) == 1.0 and t_test_p(mean_ci([1.0, 1.0])) == 0.0
+    with pytest.raises(ValueError, match="Student-t interval"):
+        t_test_p(mean_ci([0.5, 0.7], domain=FRACTION))
+
+
+def test_holm_adjusted_p_values():
+    """Holm's step-down values, checked by hand: sorted [0.005, 0.01, 0.03, 0.04] times [4, 3, 2, 1]
+    = [0.02, 0.03, 0.06, 0.04], running maximum [0.02, 0.03, 0.06, 0.06], in the input's order."""
+    from coolsd.util.stats import holm_adjusted
+
+    assert holm_adjusted([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm_adjusted([0.5, 0.9]) == pytest.approx([1.0, 1.0]) and holm_adjusted([]).size == 0
+    with pytest.raises(ValueError, match=r"p-values in \[0, 1\]"):
+        holm_adjusted([0.1, 1.5])
