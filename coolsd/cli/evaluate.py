@@ -10,8 +10,8 @@ generated images). ``--protocol`` picks how CLIP score and FID are computed (``l
 default: clean-fid FID, CLIP ViT-B/32 raw cosine with "A photo depicts "; ``sjd``: pytorch-fid
 FID, torchmetrics CLIPScore ViT-B/16 x100; ``coolsd.metrics.protocols``). Written to
 ``<run>/metrics.json`` (atomically) with the per-sample scores; every metric's entry names its
-protocol. Every input the requested metrics need under that protocol (the run folder, CLIP
-folder, Inception weights, COCO val2017 images, PartiPrompts TSV, ImageReward files) is checked
+protocol. Every input the requested metrics need under that protocol (the run folder, its records
+and images, CLIP folder, Inception weights, COCO val2017 images, PartiPrompts TSV, ImageReward files) is checked
 before any network loads, and every missing one is listed at once with the flag that sets it and
 its environment variable (``metric_missing_inputs``). Without the flag or the variable, an input
 that is on the Hugging Face hub (the CLIP folders, ImageReward's files) defaults to its hub id
@@ -54,19 +54,45 @@ from coolsd.metrics.protocols import (
 )
 from coolsd.metrics.reference import COCO_IMAGES_SOURCE, coco_image_files, reference_statistics
 from coolsd.util import hub
-from coolsd.util.loading import MissingInputFile
-from coolsd.util.records import resume_records, write_json_atomic
+from coolsd.util.errors import InputError
+from coolsd.util.records import image_problems, images_mismatch, read_records, write_json_atomic
 from coolsd.util.stats import mean_ci
 from coolsd.worlds.files import DOWNLOAD, Need, file_identity, require_inputs
 
 METRICS = ("clip_score", "fid", "image_reward")
 
 
-def run_images(run_dir: Path) -> dict[str, list[dict]]:
-    """Records with images, by method tag, in prompt order (images checked to exist and decode)."""
-    records = resume_records(run_dir)
+RUN_RECORDS = "samples.jsonl"  # a run's (or a merged run's) records; evaluate reads them, never writes them
+
+
+def run_folder_problems(run_dir: Path) -> list[str]:
+    """What keeps the run folder from being evaluated, in lines for ``require_inputs``: none where
+    it is not a folder (its ``Need`` says so), else its records unreadable (a corrupted line) or
+    absent (unmerged shards named), or their images missing or undecodable (how many, the first few)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    try:
+        records = read_records(run_dir / RUN_RECORDS)
+    except InputError as e:
+        return [f"run records: {e}"]
     if not records:
-        raise MissingInputFile(f"{run_dir} holds no records (samples.jsonl); is it a run folder of python run.py?")
+        shards = sorted(p.name for p in run_dir.glob("samples.shard-*.jsonl"))
+        how = (f"it holds {len(shards)} unmerged shard file(s): merge them first (python -m coolsd.cli.merge {run_dir})"
+               if shards else "is it a run folder of python run.py?")
+        return [f"run records: {run_dir} holds no records ({RUN_RECORDS}); {how}"]
+    bad = image_problems(run_dir, records)
+    return [f"run images: {run_dir}: {images_mismatch(bad, records)}"] if bad else []
+
+
+def run_images(run_dir: Path) -> dict[str, list[dict]]:
+    """Records with images, by method tag, in prompt order (``run_folder_problems`` first: every
+    image exists and decodes). Reads the record file only: a truncated last line is skipped, never
+    rewritten (a run may still be appending)."""
+    run_dir = Path(run_dir)
+    require_inputs("python -m coolsd.cli.evaluate", run_folder_problems(run_dir) if run_dir.is_dir() else
+                   [f"run folder: {run_dir} is not a folder; give a folder written by python run.py"])
+    records = read_records(run_dir / RUN_RECORDS)
     by_tag: dict[str, list[dict]] = {}
     for r in records:
         if "image" in r:
@@ -279,9 +305,9 @@ def main(argv=None) -> dict:
     if a.parti_tsv is not None and "fid" in wanted:
         raise SystemExit("no FID on PartiPrompts (no reference images; the SJD papers report only CLIP score there): "
                          "use --metrics clip_score")
-    require_inputs("python -m coolsd.cli.evaluate", metric_missing_inputs(a, wanted))  # every missing input at once
+    # every missing input at once, the run folder's records and images included, before loading anything
+    require_inputs("python -m coolsd.cli.evaluate", metric_missing_inputs(a, wanted) + run_folder_problems(a.run))
     use_local_inputs(a, wanted)
-    run_images(a.run)  # the run folder's records and images, before loading anything
     kw = build_scorers(wanted, clip=a.clip, inception=a.inception, coco_images=a.coco_images, ir_checkpoint=a.ir_checkpoint,
                        ir_med_config=a.ir_med_config, ir_python=a.ir_python, device=a.device, cache_dir=a.cache_dir,
                        fid_resamples=a.fid_resamples, protocol=a.protocol)

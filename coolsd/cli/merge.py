@@ -9,8 +9,11 @@ Checks before writing anything: every folder holds a run of the same configurati
 weights is refused, naming the file), every shard file has the run's shard count, no shard is
 still being written (its lock, ``coolsd.util.records.RunLock``, names the holder), a sample present in
 two shards is the same sample, and (unless ``--partial``) every (method, prompt) pair is present,
-else an error lists the missing prompts. Writes ``samples.jsonl`` (prompt order, methods in run order) and
-``summary.json`` atomically; shard files stay as they are.
+else an error lists the missing prompts, every record file reads (``read_records``: a corrupted line is
+named) and every record's image is there and decodes. Writes ``samples.jsonl`` (prompt order, methods
+in run order) and ``summary.json`` atomically; shard files stay as they are. A refusal is one line
+(``MergeError`` and the project's other input errors; exit status 2 from the command line) and writes
+nothing.
 
 Where the shards logged to W&B (``logger=wandb``: the folder keeps their settings,
 ``coolsd.job.tracking.WANDB_FILE``), the merged summary is logged too, as one more run of their group
@@ -28,23 +31,45 @@ import traceback
 from pathlib import Path
 from types import SimpleNamespace
 
-from coolsd.cli.runner import verbose
+from coolsd.cli.runner import one_line_errors, verbose
 from coolsd.job.generation import TIMING_KEYS, collect, kept_images
 from coolsd.job.shards import SHARD_FILE
 from coolsd.job.summary import summarize, summary_lines, write_distortion_figure, write_summary_markdown
 from coolsd.job.tracking import folder_logger, quality_metrics, summary_rows
 from coolsd.prompts import load_prompts
-from coolsd.util.records import RunLock, describe_identity_diff, read_records, write_json_atomic
+from coolsd.util.errors import InputError
+from coolsd.util.loading import MissingInputFile
+from coolsd.util.records import (
+    RunLock,
+    describe_identity_diff,
+    image_problems,
+    images_mismatch,
+    read_records,
+    write_json_atomic,
+)
 from coolsd.worlds import world_class
+
+
+class MergeError(InputError, ValueError):
+    """The shards given cannot be merged as they are (another configuration, shard count or
+    sample; missing prompts or images; a shard still being written): one line, exit status 2."""
 
 
 def _identity(folder: Path) -> dict:
     path = folder / "run.json"
+    if not folder.is_dir():
+        raise MissingInputFile(f"{folder} does not exist{' (a file)' if folder.exists() else ''}: give the run folder "
+                               "whose shards to merge (the +out_dir of its shards, or a folder of a multirun)")
     if not path.is_file():
-        raise FileNotFoundError(f"{folder} holds no run.json: not a run folder")
-    ident = json.loads(path.read_text())
-    if not {"target", "settings", "world"} <= set(ident):
-        raise ValueError(f"{path} was written by an older coolsd (before the world registry): merge it with that "
+        raise MissingInputFile(f"{folder} holds no run.json: not a run folder of python run.py; give the folder its "
+                               "shards were written to")
+    try:
+        ident = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise MergeError(f"{path} is not a run identity ({' '.join(str(e).split())[:100]}); the folder's run.json is "
+                         "corrupted: rerun its shards into a new folder") from None
+    if not isinstance(ident, dict) or not {"target", "settings", "world"} <= set(ident):
+        raise MergeError(f"{path} was written by an older coolsd (before the world registry): merge it with that "
                          "version, or rerun the shards into a new folder")
     return ident
 
@@ -67,10 +92,10 @@ def shard_files(folder: Path, count: int) -> list[Path]:
     for f in files:
         m = SHARD_FILE.match(f.name)
         if m and int(m.group(2)) != count:
-            raise ValueError(f"{f} belongs to a run of {int(m.group(2))} shards, but {folder}/run.json says {count}: "
+            raise MergeError(f"{f} belongs to a run of {int(m.group(2))} shards, but {folder}/run.json says {count}: "
                              "the shard count changed between runs of this folder")
         if (who := RunLock.held_by(folder, f.name)) is not None:
-            raise ValueError(f"{f} is still being written by {who}; merge when its shard has finished")
+            raise MergeError(f"{f} is still being written by {who}; merge when its shard has finished")
     return [f for f in files if f.exists()]
 
 
@@ -80,7 +105,7 @@ def merge(folder, sources=(), partial: bool = False, track: bool = True) -> dict
     for src in map(Path, sources):
         other = _identity(src)
         if other != ident:
-            raise ValueError(f"{src} holds a run of another configuration than {folder} "
+            raise MergeError(f"{src} holds a run of another configuration than {folder} "
                              f"({describe_identity_diff(ident, other)}); only shards of one run can be merged")
     count = int(ident.get("shards", 1))
     methods = list(ident["methods"])
@@ -99,13 +124,22 @@ def merge(folder, sources=(), partial: bool = False, track: bool = True) -> dict
                     a = {k: v for k, v in by_key[key][0].items() if k not in TIMING_KEYS}
                     b = {k: v for k, v in r.items() if k not in TIMING_KEYS}
                     if a != b:
-                        raise ValueError(f"two different samples for method {key[0]!r}, prompt {key[1]} (in {src}); "
+                        raise MergeError(f"two different samples for method {key[0]!r}, prompt {key[1]} (in {src}); "
                                          "shards of one run never overlap")
                     continue
                 by_key[key] = (r, src)
+    if not by_key:
+        files = f"samples.shard-*-of-{count:03d}.jsonl" if count > 1 else "samples.jsonl"
+        raise MergeError(f"{folder} holds no records of its run ({count} shard(s): {files}"
+                         f"{', nor the folders given with --from' if sources else ''}): nothing to merge; run its "
+                         "shards first (python run.py ... shard.index=K shard.count=N into this folder)")
+    for src in {src for _, src in by_key.values()}:  # every image there, before anything is written
+        recs = [r for r, s in by_key.values() if s == src]
+        if bad := image_problems(src, recs):
+            raise MergeError(f"{src}: {images_mismatch(bad, recs)}")
     missing = sorted({p for t in methods for p in prompts if (t, p) not in by_key})
     if missing and not partial:
-        raise ValueError(f"{folder}: {len(missing)} of {len(prompts)} prompts are incomplete ({_ranges(missing)}); "
+        raise MergeError(f"{folder}: {len(missing)} of {len(prompts)} prompts are incomplete ({_ranges(missing)}); "
                          "rerun their shards (they resume), or pass --partial to report what is there")
     for (_, _), (r, src) in by_key.items():  # images of shards written elsewhere
         if src != folder and "image" in r and not (folder / r["image"]).exists():
@@ -201,4 +235,5 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    with one_line_errors():
+        main()

@@ -9,9 +9,12 @@ print it without a traceback and exit with its ``exit_status`` (``coolsd.cli.run
 * ``SummaryError`` (exit status 3): a run generated and kept its records, then summarising them
   failed; the message says how to summarise again without generating again.
 
-Anything else is a bug and keeps its traceback.
+Anything else is a bug and keeps its traceback. A user's value echoed in such a message goes
+through ``shorten``, so that a long one (a 10,000-word prompt) cannot bury the reason.
 """
 from __future__ import annotations
+
+import reprlib
 
 
 class OneLineError(Exception):
@@ -41,3 +44,12 @@ class SummaryError(OneLineError, RuntimeError):
     is chained for ``COOLSD_VERBOSE=1``) and the command that summarises the kept records."""
 
     exit_status = 3
+
+
+def shorten(value, limit: int = 80) -> str:
+    """``repr(value)`` in at most about ``limit`` characters, its middle elided as ``...``
+    (``reprlib``: a string keeps its start and end and its quotes; a list its first items), for
+    echoing a user's value in a one-line error."""
+    r = reprlib.Repr()
+    r.maxstring = r.maxother = r.maxlong = limit
+    return r.repr(value)

@@ -30,7 +30,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from coolsd.util.errors import ConfigError, InputError
+from coolsd.util.errors import ConfigError, InputError, shorten
+from coolsd.util.loading import BadInputFile, one_line
 
 
 def sha256_file(path) -> str:
@@ -192,47 +193,76 @@ def _test_hold() -> None:
 def resume_records(run_dir: Path, name: str = "samples.jsonl") -> list[dict]:
     """The complete records of an interrupted run, after dropping a truncated last line from
     the file (so later appends start on a fresh line). Every record's image must exist and
-    decode: a folder whose images do not match its records is an error, never silently
-    regenerated over."""
+    decode: a folder whose images do not match its records is an error (``BadInputFile``, one line
+    listing them), never silently regenerated over."""
     run_dir = Path(run_dir)
     path = run_dir / name
     records = read_records(path)
     if path.exists():
-        text = path.read_text()
-        if text and not text.endswith("\n"):
+        data = path.read_bytes()
+        if data and not data.endswith(b"\n"):
             os.replace(_write_temp("".join(json.dumps(r, default=float) + "\n" for r in records), path), path)
+    bad = image_problems(run_dir, records)
+    if bad:
+        raise BadInputFile(f"{path}: {images_mismatch(bad, records)}")
+    return records
+
+
+def image_problems(run_dir: Path, records: list[dict]) -> list[str]:
+    """``<image> (method m, prompt p): why`` for every record whose image (``record["image"]``,
+    relative to ``run_dir``) is missing or does not decode; records without an image are fine."""
+    out = []
     for r in records:
         if "image" not in r:
             continue
-        img = run_dir / r["image"]
+        img = Path(run_dir) / r["image"]
         try:
             with Image.open(img) as im:
                 im.load()
         except (OSError, ValueError) as e:
-            raise ValueError(
-                f"{path}: record (method {r.get('method')!r}, prompt {r.get('prompt_index')}) points to "
-                f"{img}, which is missing or unreadable ({e}); the images folder does not match its records. "
-                "Use a new output folder or restore the images.") from None
-    return records
+            detail = one_line(str(e).replace(repr(str(img)), "").replace(str(img), ""), 80)  # its name is said first
+            why = "missing" if not img.exists() else f"unreadable ({detail or type(e).__name__})"
+            out.append(f"{r['image']} (method {r.get('method')!r}, prompt {r.get('prompt_index')}): {why}")
+    return out
+
+
+def images_mismatch(problems: list[str], records: list[dict], shown: int = 3) -> str:
+    """One line for ``image_problems``: how many, the first ``shown``, and the fix."""
+    first = "; ".join(problems[:shown]) + (f"; and {len(problems) - shown} more" if len(problems) > shown else "")
+    with_image = sum("image" in r for r in records)
+    return (f"{len(problems)} of its {with_image} records point to images that are missing or unreadable ({first}); "
+            "the images folder does not match its records: restore the images, or rerun into a new output folder")
 
 
 def read_records(path: Path) -> list[dict]:
-    """All complete records; a truncated last line is skipped."""
+    """All complete records; a truncated last line (a run killed while writing it) is skipped. Any
+    other line that is not one JSON object (UTF-8) is a corrupted file: one ``BadInputFile`` naming
+    the file and the line and the fix, whoever reads it (a resumed run, merge, evaluate, reports)."""
     path = Path(path)
     if not path.exists():
         return []
     out = []
-    lines = path.read_text().splitlines()
-    for i, line in enumerate(lines):
-        if not line.strip():
+    lines = path.read_bytes().splitlines()
+    for i, raw in enumerate(lines):
+        if not raw.strip():
             continue
         try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
+            record = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
             if i == len(lines) - 1:
                 break  # the run died while writing its last line
-            raise ValueError(f"{path}: line {i + 1} is not valid JSON") from None
+            raise BadInputFile(_corrupted(path, i + 1, len(lines), f"not JSON ({one_line(e, 80)})", raw)) from None
+        if not isinstance(record, dict):
+            what = f"a JSON {type(record).__name__}, not a record object"
+            raise BadInputFile(_corrupted(path, i + 1, len(lines), what, raw))
+        out.append(record)
     return out
+
+
+def _corrupted(path: Path, line: int, lines: int, what: str, raw: bytes) -> str:
+    return (f"{path} line {line} of {lines} is {what}: the record file is corrupted there "
+            f"({shorten(raw.decode('utf-8', 'replace'), 60)}); delete that line (rerunning the same command "
+            "regenerates its sample) or the whole run folder, and rerun")
 
 
 def _flatten(d, prefix=""):

@@ -31,6 +31,7 @@ from coolsd.toy.scenes import (
     sample_scenes,
     scene_of_caption,
 )
+from coolsd.util.errors import shorten
 from coolsd.util.loading import BadInputFile
 from coolsd.worlds.base import DiscreteWorld, draft_kind
 from coolsd.worlds.files import DRAFTER_FOLDER, config_need
@@ -88,17 +89,22 @@ def check_toy_captions(prompts: list, path, whole_scenes: bool = False) -> None:
     """Prompt-file captions the toy worlds can encode: every word in the caption encoder's
     vocabulary (``coolsd.toy.scenes.WORDS``; ``tokenize`` would read another as ``<unk>``), at most
     ``MAX_CAPTION_TOKENS`` words, and (``whole_scenes``) a whole scene named (``scene_of_caption``);
-    else one ``BadInputFile`` naming the file, the prompt's line, the word and what is valid."""
+    else one ``BadInputFile`` naming the file, the prompt's line, the word and what is valid. The
+    caption and word are echoed cut (``shorten``), and a caption refused for its length comes after
+    the reason, so the reason is never buried however long the prompt."""
     valid = [w for w in WORDS if not w.startswith("<")]
     for p in prompts:
-        where = f"{path} line {getattr(p, 'line', p.index + 1)} (prompt {p.index}, {p.caption!r})"
-        unknown = [w for w in caption_words(p.caption) if w not in valid]
+        file_line = f"{path} line {getattr(p, 'line', p.index + 1)}"
+        where = f"{file_line} (prompt {p.index}, {shorten(p.caption)})"
+        words = caption_words(p.caption)
+        unknown = [w for w in words if w not in valid]
         if unknown:
-            raise BadInputFile(f"{where}: the toy caption encoder does not know the word {unknown[0]!r}; valid words: "
-                               f"{', '.join(valid)}; write the prompt in these words, or run a real target")
-        if len(caption_words(p.caption)) > MAX_CAPTION_TOKENS:
-            raise BadInputFile(f"{where}: more than {MAX_CAPTION_TOKENS} words, the toy caption encoder's limit; "
-                               "shorten it")
+            raise BadInputFile(f"{where}: the toy caption encoder does not know the word {shorten(unknown[0], 40)}; "
+                               f"valid words: {', '.join(valid)}; write the prompt in these words, or run a real "
+                               "target")
+        if len(words) > MAX_CAPTION_TOKENS:
+            raise BadInputFile(f"{file_line} (prompt {p.index}): {len(words)} words, more than {MAX_CAPTION_TOKENS}, "
+                               f"the toy caption encoder's limit; shorten it (the prompt: {shorten(p.caption)})")
         if whole_scenes:
             try:
                 scene_of_caption(p.caption)

@@ -2,8 +2,11 @@
 COCO reference statistics, ImageReward through its worker process, on tiny random models of the
 real classes and a stand-in ImageReward package; and the errors before any work."""
 import json
+import os
+import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +22,7 @@ from coolsd.metrics.reference import coco_image_files, reference_statistics
 from coolsd.util.records import RecordWriter
 from tiny_models import MomentFeatures, random_inception, write_tiny_clip
 
+ROOT = Path(__file__).resolve().parents[2]
 CAPTIONS = ["a red cat sits on the mat.", "the dog", "a cat, a dog, a mat", "red"]
 
 
@@ -46,8 +50,13 @@ def inception():
 
 
 @pytest.fixture(scope="module")
-def clip(tmp_path_factory):
-    return ClipScorer.from_pretrained(write_tiny_clip(tmp_path_factory.mktemp("clip")))
+def clip_dir(tmp_path_factory):
+    return write_tiny_clip(tmp_path_factory.mktemp("clip"))
+
+
+@pytest.fixture(scope="module")
+def clip(clip_dir):
+    return ClipScorer.from_pretrained(clip_dir)
 
 
 FAKE_IR = '''
@@ -163,8 +172,46 @@ def test_cli_checks_inputs_before_work(tmp_path, capsys, fake_image_reward, monk
     with pytest.raises(FileNotFoundError, match="holds no records"):
         main([str(tmp_path / "empty"), *ir])
     (run / "images" / "ar" / "00001.png").unlink()
-    with pytest.raises(ValueError, match="does not match its records"):
+    with pytest.raises(FileNotFoundError, match=r"run images: .*1 of its 4 records point to images that are missing "
+                                                r"or unreadable \(images/ar/00001\.png .*does not match its records"):
         main([str(run), *ir])
+    assert not (run / "metrics.json").exists()
+
+
+def test_missing_images_are_listed_with_the_other_missing_inputs_before_any_work(tmp_path, clip_dir):
+    """A run folder whose PNGs are gone is refused in the one list of missing inputs (with a
+    missing COCO folder beside it), not on the first image once the networks are loaded; from the
+    command line: exit status 2, a short list on stderr, no traceback, no metrics.json."""
+    run = _run(tmp_path / "run", n=3)
+    for name in ("ar/00001.png", "coolsd/00002.png"):
+        (run / "images" / name).unlink()
+    with pytest.raises(FileNotFoundError) as e:
+        main([str(run), "--metrics", "clip_score,fid", "--clip", str(clip_dir), "--coco-images",
+              str(tmp_path / "no_coco")])
+    msg = str(e.value)
+    assert "COCO val2017 images: " in msg and "no_coco does not exist" in msg
+    assert ("run images: " in msg and "2 of its 6 records point to images that are missing or unreadable "
+            "(images/ar/00001.png (method 'ar', prompt 1): missing; images/coolsd/00002.png (method 'coolsd', "
+            "prompt 2): missing)" in msg)
+    env = {k: v for k, v in os.environ.items() if k not in ("COOLSD_VERBOSE", "HYDRA_FULL_ERROR")}
+    proc = subprocess.run([sys.executable, "-m", "coolsd.cli.evaluate", str(run), "--metrics", "clip_score",
+                           "--clip", str(clip_dir)], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = proc.stderr.splitlines()
+    assert lines[0] == "error: python -m coolsd.cli.evaluate cannot run: missing files" and len(lines) == 2, lines
+    assert lines[1].startswith(f"  run images: {run}: 2 of its 6 records") and len(lines[1]) < 500
+    assert not (run / "metrics.json").exists()
+
+
+def test_a_corrupted_record_file_is_named_with_its_line_before_any_work(tmp_path, clip_dir):
+    run = _run(tmp_path / "run", n=2)
+    path = run / "samples.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([lines[0], lines[1][:30], *lines[2:]]) + "\n")
+    with pytest.raises(FileNotFoundError, match=rf"run records: {path} line 2 of 4 is not JSON .*corrupted.*delete "
+                                                r"that line"):
+        main([str(run), "--metrics", "clip_score", "--clip", str(clip_dir)])
     assert not (run / "metrics.json").exists()
 
 
