@@ -26,7 +26,8 @@ import torch
 from coolsd.cli.runner import compose
 from coolsd.engine.timing import cpu_name
 from coolsd.job.generation import run_identity, run_shard
-from coolsd.job.summary import make_grid, results_table
+from coolsd.job.summary import results_table
+from coolsd.util.image_grid import method_grid
 from coolsd.report.plots import pareto_plot
 from coolsd.report.sweep import ROOT, sweep_frame
 from coolsd.util.records import save_png_atomic, write_json_atomic
@@ -168,7 +169,8 @@ def main(argv=None):
                     xs=("acceptance_rate", "speedup"))
     else:  # coolsd.metrics.fid.fid_sample_size_reason
         print("pareto.png not drawn: toy_fid is null at these prompt counts (too few for the feature covariance)")
-    save_png_atomic(make_grid([g for _, g in grids], labels=[t for t, _ in grids]), a.out / "grid.png")
+    save_png_atomic(method_grid(dict(grids), [f"prompt {i}" for i in range(max(len(g) for _, g in grids))]),
+                    a.out / "grid.png")
     print(markdown(df))
     print(speedup_layout(df))
     print(f"wrote {a.out}/ (records: {records})")

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from coolsd.job.summary import make_grid
+from coolsd.util.image_grid import method_grid
 from coolsd.metrics.token_maps import distortion_figure
 from coolsd.report.page import write_page
 from coolsd.report.plots import pareto_plot
@@ -175,8 +175,8 @@ def main(argv=None):
     for tag, recs in records_by_tag.items():  # one map per method with drafted tokens
         distortion_figure({tag: recs}, a.out / "distortion_maps" / f"{tag}.png", f"{tag}, {a.prompts} prompts")
     pareto_plot(df, a.out / "pareto.png", ["toy_fid", "toy_clip"], "Toy world: quality against acceleration (95% CIs)")
-    grid_rows = [outputs[t][1][:10] for t in outputs] + [render_batch(res["scenes"][:10])]
-    save_png_atomic(make_grid(grid_rows, labels=list(outputs) + ["reference"]), a.out / "grid.png")
+    grid = {**{t: outputs[t][1][:10] for t in outputs}, "reference": render_batch(res["scenes"][:10])}
+    save_png_atomic(method_grid(grid, [s.caption for s in res["scenes"][:10]]), a.out / "grid.png")
     write_page([a.out], a.out / "page.html", title=f"Toy world: every method on {a.prompts} prompts")
     print("\n".join(lines))
     print("\n".join(checks))

@@ -6,11 +6,12 @@ world's quality numbers; the printed table and the labelled image grid.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
 from coolsd.metrics.token_maps import distortion_figure
+from coolsd.util.image_grid import method_grid
 from coolsd.util.records import save_png_atomic, write_json_atomic, write_text_atomic
 from coolsd.util.stats import FLOAT_NOISE, FRACTION, NULL_REASON, POSITIVE, REAL, mean_ci, ratio_ci
 
@@ -244,49 +245,31 @@ def write_summary_markdown(world_cls, table: dict, lines: list[str], out_dir: Pa
     write_text_atomic(summary_markdown(world_cls, table, lines[1 + len(table):]), out_dir / "summary.md")
 
 
-def make_grid(rows: list[np.ndarray], scale: int = 3, labels: list[str] | None = None) -> np.ndarray:
-    """Rows of equal-size images -> one uint8 image, nearest-neighbour upscaled, each row
-    optionally labelled on the left (method names)."""
-    h, w = rows[0].shape[1:3]
-    n = max(len(r) for r in rows)
-    out = np.full((len(rows) * (h + 2), n * (w + 2), 3), 255, np.uint8)
-    for i, r in enumerate(rows):
-        for j, im in enumerate(r):
-            out[i * (h + 2) : i * (h + 2) + h, j * (w + 2) : j * (w + 2) + w] = im
-    out = out.repeat(scale, 0).repeat(scale, 1)
-    if not labels:
-        return out
-    from PIL import Image, ImageDraw
-
-    margin = 8 + 7 * max(len(t) for t in labels)
-    canvas = Image.new("RGB", (out.shape[1] + margin, out.shape[0]), "white")
-    canvas.paste(Image.fromarray(out), (margin, 0))
-    draw = ImageDraw.Draw(canvas)
-    for i, text in enumerate(labels):
-        draw.text((4, i * (h + 2) * scale + (h * scale) // 2 - 5), text, fill="black")
-    return np.asarray(canvas)
-
-
 GRID_COLUMNS = 8
 
 
-def run_grid(outputs: dict, reference: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
-    """The first ``GRID_COLUMNS`` images of every method (and the reference renders, where the
-    world draws them), labelled; small images upscaled to about 96 px. None without images."""
-    rows = [(tag, imgs[:GRID_COLUMNS]) for tag, (_, imgs) in outputs.items() if imgs is not None and len(imgs)]
-    if not rows:
+def run_grid(outputs: dict, reference: Optional[np.ndarray] = None, captions: Sequence[str] = ()
+             ) -> Optional[np.ndarray]:
+    """The first ``GRID_COLUMNS`` prompts' images of every method (and the reference renders, where
+    the world draws them): a column per method under its tag, a row per prompt beside its caption
+    (``captions``, in prompt order; ``coolsd.util.image_grid.method_grid``). None without images."""
+    images = {tag: imgs[:GRID_COLUMNS] for tag, (_, imgs) in outputs.items() if imgs is not None and len(imgs)}
+    if not images:
         return None
     if reference is not None:
-        rows.append(("reference", reference[:GRID_COLUMNS]))
-    return make_grid([r for _, r in rows], scale=max(1, 96 // rows[0][1].shape[1]), labels=[t for t, _ in rows])
+        images["reference"] = reference[:GRID_COLUMNS]
+    n = max(len(v) for v in images.values())
+    captions = [str(c) for c in captions][:n]
+    return method_grid(images, captions + [f"prompt {i}" for i in range(len(captions), n)])
 
 
-def write_outputs(world_cls, summary: dict, outputs: dict, out_dir: Path, reference=None) -> list[str]:
-    """summary.json, grid.png and distortion.png (per-token distortion maps and depth curves, where
-    the records have them), atomically; returns the printed lines."""
+def write_outputs(world_cls, summary: dict, outputs: dict, out_dir: Path, reference=None, captions=()) -> list[str]:
+    """summary.json, grid.png (``run_grid``: ``captions`` are the prompts') and distortion.png
+    (per-token distortion maps and depth curves, where the records have them), atomically; returns
+    the printed lines."""
 
     write_json_atomic(summary, out_dir / "summary.json")
-    grid = run_grid(outputs, reference)
+    grid = run_grid(outputs, reference, captions)
     if grid is not None:
         save_png_atomic(grid, out_dir / "grid.png")
     wrote = "summary.json, summary.md, samples.jsonl" + (", images/, grid.png" if grid is not None else "")

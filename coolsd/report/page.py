@@ -40,7 +40,8 @@ from coolsd.cli.runner import one_line_errors
 from coolsd.job.summary import AR, fastest_ar, metric_ci
 from coolsd.metrics.token_maps import token_grid
 from coolsd.report.consolidate import baseline_identity, configuration_labels, find_runs, run_settings
-from coolsd.report.plots import captioned_grid, pareto_plot
+from coolsd.report.plots import pareto_plot
+from coolsd.util.image_grid import captioned_grid
 from coolsd.report.sweep import sweep_frame
 from coolsd.util.errors import InputFileError
 from coolsd.util.records import read_records, save_png_atomic
@@ -189,7 +190,7 @@ def by_prompt(shown: list[Shown]) -> dict[tuple[int, str], dict[str, tuple[Run, 
 
 def write_grid(runs: list[Run], out: Path) -> Path:
     """``out``: a PNG of every configuration's image (a column each, its label above) of every
-    prompt (a row each, the prompt on its left), as ``coolsd.report.plots.captioned_grid`` draws it."""
+    prompt (a row each, the prompt on its left), as ``coolsd.util.image_grid.captioned_grid`` draws it."""
     shown = configurations(runs)
     prompts = by_prompt(shown)
     if not prompts:

@@ -1,6 +1,6 @@
 """Pareto plots: quality metrics against accepted length and against speed-up, one curve per
-method family across its delta / lambda sweep, 95% CIs as error bars (PNG + PDF); and a captioned
-grid of a sweep's images (``captioned_grid``)."""
+method family across its delta / lambda sweep, 95% CIs as error bars (PNG + PDF). A sweep's image
+grid is ``coolsd.util.image_grid.captioned_grid`` (every run's ``grid.png`` draws with it too)."""
 from __future__ import annotations
 
 import textwrap
@@ -167,73 +167,3 @@ def pareto_plot(df: pd.DataFrame, path: Path, metrics: list[str], title: str,
     fig.savefig(path.with_suffix(".pdf"))
     plt.close(fig)
     return [path, path.with_suffix(".pdf")]
-
-
-GRID_FONT_SIZE = 12
-GRID_PAD = 4
-CAPTION_WIDTH = 200  # pixels of the prompt captions' column
-CAPTION_CHARS = 60  # a prompt is cut to this many characters
-
-
-def _wrap(text: str, font, width: float) -> list[str]:
-    """``text`` in lines no wider than ``width`` pixels, broken at spaces (a word wider than a line
-    is broken inside)."""
-    lines, line = [], ""
-    for word in text.split():
-        while font.getlength(word) > width:  # a word alone wider than a line
-            cut = max(1, next(i for i in range(len(word), 0, -1) if font.getlength(word[:i]) <= width))
-            if line:
-                lines.append(line)
-                line = ""
-            lines.append(word[:cut])
-            word = word[cut:]
-        trial = f"{line} {word}".strip()
-        if font.getlength(trial) <= width:
-            line = trial
-        else:
-            lines.append(line)
-            line = word
-    return lines + ([line] if line else [])
-
-
-def captioned_grid(columns: list[str], rows: list[str], images: list[list], cell: int = 96
-                   ) -> tuple[np.ndarray, list[tuple[str, tuple[int, int, int, int]]]]:
-    """One image of a sweep's samples: ``images[i][j]`` (uint8 H x W x 3, or None where that
-    configuration has no image of that prompt) at row i, column j, each scaled to ``cell`` pixels
-    (nearest neighbour); each column's caption (``columns[j]``: its configuration's label, wrapped)
-    above it, each row's (``rows[i]``: its prompt, cut to ``CAPTION_CHARS``, wrapped) on its left.
-    Returns the image and every caption as (text, (left, top, right, bottom)) as drawn."""
-    from PIL import Image, ImageDraw, ImageFont
-
-    font = ImageFont.load_default(size=GRID_FONT_SIZE)
-    line = GRID_FONT_SIZE + 3
-    head = [_wrap(t, font, cell) for t in columns]
-    side = [_wrap(t if len(t) <= CAPTION_CHARS else t[: CAPTION_CHARS - 1] + "\u2026", font, CAPTION_WIDTH - 2 * GRID_PAD)
-            for t in rows]
-    top = GRID_PAD + line * max(map(len, head), default=0) + GRID_PAD
-    step = max(cell, line * max(map(len, side), default=0)) + GRID_PAD
-    canvas = Image.new("RGB", (CAPTION_WIDTH + len(columns) * (cell + GRID_PAD), top + len(rows) * step), "white")
-    draw = ImageDraw.Draw(canvas)
-    captions = []
-
-    def write(lines: list[str], x: int, y: int, text: str):
-        if not lines:
-            return
-        for k, ln in enumerate(lines):
-            draw.text((x, y + k * line), ln, fill="black", font=font)
-        boxes = [draw.textbbox((x, y + k * line), ln, font=font) for k, ln in enumerate(lines)]
-        captions.append((text, (min(b[0] for b in boxes), min(b[1] for b in boxes),
-                                max(b[2] for b in boxes), max(b[3] for b in boxes))))
-
-    for j, lines in enumerate(head):
-        write(lines, CAPTION_WIDTH + j * (cell + GRID_PAD), GRID_PAD, columns[j])
-    for i, lines in enumerate(side):
-        y = top + i * step
-        write(lines, GRID_PAD, y, rows[i])
-        for j, img in enumerate(images[i]):
-            x = CAPTION_WIDTH + j * (cell + GRID_PAD)
-            if img is None:
-                draw.rectangle((x, y, x + cell - 1, y + cell - 1), fill=(235, 235, 235))
-                continue
-            canvas.paste(Image.fromarray(np.asarray(img, dtype=np.uint8)).resize((cell, cell), Image.NEAREST), (x, y))
-    return np.asarray(canvas), captions

@@ -201,7 +201,7 @@ def test_pareto_labels_stay_inside_their_plot_and_apart(tmp_path, monkeypatch, l
 
 
 def test_the_sweep_grid_has_each_configuration_over_its_column_and_each_prompt_by_its_row(tmp_path):
-    from coolsd.report.plots import CAPTION_CHARS, captioned_grid  # deferred: new with the grid's captions
+    from coolsd.util.image_grid import CAPTION_CHARS, captioned_grid  # deferred: new with the grid's captions
 
     sweep = tmp_path / "multirun"
     for method in ("coolsd", "sjd"):
