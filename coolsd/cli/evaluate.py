@@ -54,7 +54,7 @@ from coolsd.metrics.protocols import (
 )
 from coolsd.metrics.reference import COCO_IMAGES_SOURCE, coco_image_files, reference_statistics
 from coolsd.util import hub
-from coolsd.util.errors import InputError
+from coolsd.util.errors import ConfigError, InputError
 from coolsd.util.records import image_problems, images_mismatch, read_records, write_json_atomic
 from coolsd.util.stats import mean_ci
 from coolsd.worlds.files import DOWNLOAD, Need, file_identity, require_inputs
@@ -299,11 +299,11 @@ def main(argv=None) -> dict:
     wanted = [m.strip() for m in a.metrics.split(",") if m.strip()]
     unknown = sorted(set(wanted) - set(METRICS))
     if unknown:
-        raise SystemExit(f"unknown metric(s) {unknown}; valid: {', '.join(METRICS)}")
+        raise ConfigError(f"unknown metric(s) {unknown}; valid: {', '.join(METRICS)}")
     if a.parti_tsv is not None and a.protocol != "sjd":
-        raise SystemExit("--parti-tsv is a prompt set of --protocol sjd (LANTERN / COOL-SD evaluate on COCO only)")
+        raise ConfigError("--parti-tsv is a prompt set of --protocol sjd (LANTERN / COOL-SD evaluate on COCO only)")
     if a.parti_tsv is not None and "fid" in wanted:
-        raise SystemExit("no FID on PartiPrompts (no reference images; the SJD papers report only CLIP score there): "
+        raise ConfigError("no FID on PartiPrompts (no reference images; the SJD papers report only CLIP score there): "
                          "use --metrics clip_score")
     # every missing input at once, the run folder's records and images included, before loading anything
     require_inputs("python -m coolsd.cli.evaluate", metric_missing_inputs(a, wanted) + run_folder_problems(a.run))

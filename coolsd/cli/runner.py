@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from coolsd.engine import plugins
 from coolsd.job.config_schema import check_config, check_output_dir
-from coolsd.util.errors import OneLineError
+from coolsd.util.errors import ConfigError, OneLineError
 from coolsd.util.log import say
 
 VERBOSE_ENV = ("HYDRA_FULL_ERROR", "COOLSD_VERBOSE")  # =1: tracebacks for the project's own errors too
@@ -102,8 +102,8 @@ def job_config(config: DictConfig) -> DictConfig:
 
 class CheckBeforeRun(Callback):
     """Refuse a bad config before Hydra writes anything: ``coolsd.job.config_schema.check_config``
-    (ranges, device, the run folder writable) on a single run; the sweep folder writable on a
-    multirun (each job's config is checked by ``run_job`` before any model loads)."""
+    (ranges, device, the run folder writable) on a single run; every job's config (``check_sweep``)
+    and the sweep folder on a multirun (each job checks its config again as it starts)."""
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
         from hydra.core.hydra_config import HydraConfig
@@ -118,4 +118,52 @@ class CheckBeforeRun(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         with one_line_errors():
+            check_sweep(config)  # before the sweep folder: a refused sweep writes nothing
             check_output_dir(config.hydra.sweep.dir, "hydra.sweep.dir")
+
+
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
+
+def sweep_jobs(config: DictConfig) -> list[list[str]]:
+    """Every job's overrides, in launch order, as Hydra's basic sweeper will make them from a
+    multirun's config (``hydra.sweeper.params`` first, then the command line's overrides)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
+    parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
+    parsed = parser.parse_overrides(params + list(config.hydra.overrides.task))
+    return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+
+
+def check_sweep(config: DictConfig) -> None:
+    """Compose and check every job of a multirun before the first one starts (``check_config`` on
+    each: values, unknown and unused settings, files, device): a sweep with a bad job runs none, and
+    the refusal names each bad job by the values that vary across the sweep, one line each. A
+    sweeper other than Hydra's basic one makes its own jobs: each is then checked as it starts."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+
+    if config.hydra.sweeper.get("_target_") != BASIC_SWEEPER:
+        return
+    jobs = sweep_jobs(config)
+    varying = {o.split("=", 1)[0] for job in jobs for o in job if sum(o in j for j in jobs) < len(jobs)}
+    loader = GlobalHydra.instance().config_loader()
+    refused = []
+    for i, overrides in enumerate(jobs):
+        try:
+            job = loader.load_sweep_config(config, overrides)
+            check_config(job_config(job), overrides=list(job.hydra.overrides.task))
+        except (OneLineError, HydraException) as e:
+            label = " ".join(o for o in overrides if o.split("=", 1)[0] in varying) or " ".join(overrides)
+            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            refused.append(f"job {i} ({label}): {why}")
+    if refused:
+        raise SweepRefused("\n".join(refused + [f"{len(refused)} of {len(jobs)} jobs refused: nothing ran; "
+                                                 "fix or drop their values and run the sweep again"]))
+
+
+class SweepRefused(ConfigError):
+    """Jobs of a multirun refused before any ran: one line per bad job and a last line saying so."""

@@ -28,11 +28,12 @@ import sys
 import time
 from pathlib import Path
 
-from coolsd.cli.runner import compose
+from coolsd.cli.runner import compose, one_line_errors
 from coolsd.models.eagle.lumina import save_lumina_drafter
 from coolsd.models.eagle.training import save_drafter, train_on_target
 from coolsd.models.eagle.training_lumina import train_lumina_on_target
 from coolsd.worlds import load_world, world_class
+from coolsd.util.errors import ConfigError
 
 DEFAULTS = {"captions": None, "samples": 2048, "heldout": 128, "steps": 2000, "batch_size": 16, "lr": 1e-4,
             "seed": 0, "chunk": 64, "out": None}
@@ -47,17 +48,17 @@ def main(argv=None) -> Path:
     unknown = [a.split("=")[0][len("train."):] for a in argv if a.startswith("train.") and
                a.split("=")[0][len("train."):] not in DEFAULTS]
     if unknown:
-        raise SystemExit(f"unknown train option(s) {unknown}; valid: {sorted(DEFAULTS)}")
+        raise ConfigError(f"unknown train option(s) {unknown}; valid: {sorted(DEFAULTS)}")
     opts.update(OmegaConf.to_container(OmegaConf.from_dotlist([a[len("train."):] for a in argv if a.startswith("train.")])))
     cfg = compose(*[a for a in argv if not a.startswith("train.")], "draft=self")
     name = cfg.target.name
     world_cls = world_class(name)
     if not world_cls.trains_drafters:
-        raise SystemExit(f"drafter training supports toy, llamagen_* and lumina_mgpt targets, not {name!r}")
+        raise ConfigError(f"drafter training supports toy, llamagen_* and lumina_mgpt targets, not {name!r}")
     n, h = int(opts["samples"]), int(opts["heldout"])
     captions = world_cls.training_captions(n + h, int(opts["seed"]), opts["captions"])  # before loading the target
     if len(captions) < n + h:
-        raise SystemExit(f"{len(captions)} training captions < train.samples + train.heldout = {n + h}")
+        raise ConfigError(f"{len(captions)} training captions < train.samples + train.heldout = {n + h}")
     world = load_world(cfg)
     out = Path(opts["out"] or f"outputs/drafters/{name}/{time.strftime('%Y-%m-%d_%H-%M-%S')}")
     variant = str(cfg.target.get("variant", "upstream"))  # whose features the drafter learns
@@ -77,4 +78,5 @@ def main(argv=None) -> Path:
 
 
 if __name__ == "__main__":
-    main()
+    with one_line_errors():
+        main()

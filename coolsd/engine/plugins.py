@@ -23,6 +23,21 @@ ENV = "COOLSD_INCLUDE"
 _LOADED: dict = {}  # resolved file -> module
 
 
+class PluginError(ConfigError):
+    """A file named by ``--include`` / ``COOLSD_INCLUDE`` raised while being imported."""
+
+
+def plugin_failure(e: Exception, path: Path) -> str:
+    """'<file>:<line> raised <Exception>: <message>' (the deepest line of ``path`` in the traceback;
+    the message's whitespace collapsed and cut)."""
+    import traceback
+
+    lines = [f.lineno for f in traceback.extract_tb(e.__traceback__) if Path(f.filename) == path]
+    where = f"{path}:{lines[-1]}" if lines else str(path)
+    why = " ".join(str(e).split())
+    return f"{where} raised {type(e).__name__}" + (f": {why[:200]}" if why else "")
+
+
 def include_paths() -> list[Path]:
     """The paths ``COOLSD_INCLUDE`` names (empty entries ignored)."""
     return [Path(p).expanduser() for p in os.environ.get(ENV, "").split(os.pathsep) if p.strip()]
@@ -46,7 +61,8 @@ def conf_dir(path: Path) -> Optional[Path]:
 
 def load(paths: Optional[Sequence] = None) -> list[Path]:
     """Import every Python file of ``paths`` (default: ``COOLSD_INCLUDE``'s) once; returns the
-    config folders they bring. A file's errors are its own (its traceback is shown)."""
+    config folders they bring. A file that raises while importing is a ``PluginError`` naming the
+    file, the line and the exception (one line; its traceback chained)."""
     paths = include_paths() if paths is None else [Path(p).expanduser() for p in paths]
     confs = []
     for path in paths:
@@ -60,8 +76,11 @@ def load(paths: Optional[Sequence] = None) -> list[Path]:
                 _LOADED[key] = module
                 try:
                     spec.loader.exec_module(module)
-                except BaseException:
+                except BaseException as e:
                     del _LOADED[key], sys.modules[name]
+                    if isinstance(e, Exception):  # the plugin's own error: one line (its traceback is chained)
+                        raise PluginError(f"{ENV} / --include: {plugin_failure(e, key)}; fix it, or run with "
+                                          "COOLSD_VERBOSE=1 for its traceback") from e
                     raise
         c = conf_dir(path)
         if c is not None:

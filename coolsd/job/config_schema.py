@@ -7,9 +7,14 @@ Two layers, both before any model loads:
   every Hydra start): the top level (``coolsd_schema``, first in conf/config.yaml's defaults),
   ``dataset``, ``sampling``, ``tree``, ``shard`` and every ``target`` (a base schema with the common
   fields in ``coolsd.worlds.schema``, one subclass per kind of target beside its world's code;
-  each conf/<group>/<name>.yaml names its schema first in its defaults). ``sampling.top_k=abc`` fails while composing, naming the key. The schemas are
-  *open* (struct flag off) so that ``+key=value`` still adds keys (tests point targets at tiny
-  configs with ``+target.vq_config=...``); they type the keys they declare.
+  each conf/<group>/<name>.yaml names its schema first in its defaults). ``sampling.top_k=abc`` fails
+  while composing, naming the key. The schemas are *open* (struct flag off) so that ``+key=value``
+  composes (tests point targets at tiny configs with ``+target.vq_config=...``); they type the keys
+  they declare, and ``check_known_settings`` refuses every key they do not declare, naming the
+  closest valid one, before any other check.
+* **settings that apply**: a setting the run would not use is refused, never dropped
+  (``check_settings_apply``: a tree for a method that drafts without one, ``tree.draft_length`` of a
+  fixed tree, a draft model for a method that uses none; a toy target has no ``target.device``).
 * **ranges, in one place**: ``check_config(cfg, world_cls, out_dir)`` raises a ``ConfigError``
   naming the key, the value and the valid range (finite numbers, ``n_prompts`` within the prompt
   pool, ``seed >= 0``, ``threads >= 1``, ``batch_size >= 1``, ``tree.draft_length`` within the
@@ -23,6 +28,8 @@ check before Hydra creates the run folder).
 """
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import math
 import os
 from dataclasses import dataclass, field
@@ -88,6 +95,7 @@ class ConfigSchema:
     untyped here."""
 
     target: Any = MISSING
+    out_dir: Optional[str] = None  # +out_dir=<folder>: the run folder instead of hydra.run.dir (scripts, tests)
     draft: Any = None
     method: Any = MISSING
     tree: Any = MISSING
@@ -126,6 +134,91 @@ def register_schemas() -> None:
         node = OmegaConf.structured(schema)
         OmegaConf.set_struct(node, False)
         cs.store(group=group, name=name, node=node)
+
+
+# ------------------------------------------------------------------------------ unknown and unused settings
+def unknown_settings(node, prefix: str = "", kind=None) -> list[tuple[str, list[str]]]:
+    """(full key, the keys its schema declares there) for every key of ``node`` and its typed
+    sub-nodes that the node's schema does not declare (``OmegaConf.get_type``: the dataclass
+    registered for its group, ``register_schemas``). The schemas are open so that ``+key=value``
+    composes; this is where an undeclared key is refused, whichever way it came in. Untyped nodes
+    (``method``: the method registry checks its parameters; ``draft``; mappings such as
+    ``target.files``) accept any key; their typed sub-nodes do not. ``kind``: the node's schema where
+    the node lost it (a job config is a ``ConfigSchema``, also as a masked copy without ``hydra``)."""
+    kind = kind or OmegaConf.get_type(node)
+    names = [f.name for f in dataclasses.fields(kind)] if dataclasses.is_dataclass(kind) else None
+    out = []
+    for key in node.keys():
+        if names is not None and key not in names:
+            out.append((prefix + str(key), names))
+            continue
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
+            out.extend(unknown_settings(child, f"{prefix}{key}."))
+    return out
+
+
+def check_known_settings(cfg) -> None:
+    """Refuse the first key no schema declares, naming the closest valid one (``unknown_settings``)."""
+    unknown = unknown_settings(cfg, kind=ConfigSchema)
+    if not unknown:
+        return
+    key, names = unknown[0]
+    group, _, leaf = key.rpartition(".")
+    named = _get(cfg, f"{group}.name") if group else None  # a group's choice: target=toy, tree=chain
+    where = f"{group}={named}" if isinstance(named, str) else (group or "the top level")
+    if key == "target.device":
+        raise ConfigError(f"target={cfg.target.name} runs on the CPU only: it has no target.device setting; "
+                          f"drop target.device={_get(cfg, key)}")
+    close = difflib.get_close_matches(leaf, names, n=1, cutoff=0.6)
+    fix = f"did you mean {group + '.' if group else ''}{close[0]}?" if close else f"its settings: {', '.join(names)}"
+    raise ConfigError(f"{key} is not a setting of {where}: {fix}")
+
+
+def explicit_keys(overrides) -> set[str]:
+    """The config keys and groups a command line sets (Hydra's override grammar: ``tree=chain``,
+    ``+tree.x=1``, ``~draft`` all name their key)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return {o.key_or_group for o in OverridesParser.create().parse_overrides(list(overrides))}
+
+
+def task_overrides() -> list[str]:
+    """The running Hydra job's command-line overrides (empty outside a Hydra job)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def check_settings_apply(cfg, world_cls, overrides) -> None:
+    """A setting the run would not use is refused, never dropped: the tree (``tree=``,
+    ``tree.*``) of a method that does not draft with it (AR, SJD's family, row-parallel and
+    continuous methods), the drafter (``draft=``, ``draft.*``) of a method that drafts with none,
+    ``tree.draft_length`` of a fixed tree. ``overrides``: the command line's (a config file may
+    set both for every method of a sweep; only what the user typed is refused)."""
+    length = _get(cfg, "tree.draft_length")
+    if length is not None and cfg.tree.name != "chain":
+        raise ConfigError(f"tree.draft_length={length} does not apply to tree={cfg.tree.name}, a fixed tree: "
+                          f"set tree=chain tree.draft_length={length}, or drop tree.draft_length")
+    keys = explicit_keys(overrides)
+    if not keys:
+        return
+    name, params = method_from_cfg(cfg)
+    try:
+        info = method_info(name)
+    except ValueError:
+        return  # an unknown method: the registry's check words it
+    discrete = world_cls.family == "discrete"
+    uses_tree = discrete and info.drafter == "model"
+    uses_draft = uses_tree or (not discrete and info.drafter != "none")
+    for group, used in (("tree", uses_tree), ("draft", uses_draft)):
+        typed = sorted(k for k in keys if k == group or k.startswith(group + "."))
+        if typed and not used:
+            own = " (it drafts from the target itself: its window is method.window)" if info.jacobi else ""
+            if not discrete and group == "tree":
+                own = " (a continuous method's draft length is method.gamma)"
+            raise ConfigError(f"{typed[0]} does not apply to method={name} on target={cfg.target.name}, which drafts "
+                              f"with no {'tree' if group == 'tree' else 'draft model'}{own}: drop {typed[0]}")
 
 
 # ------------------------------------------------------------------------------ the range checks
@@ -256,11 +349,12 @@ def method_from_cfg(cfg) -> tuple[str, dict]:
 _PASSED: dict = {}  # config (yaml) check_config accepted in this process -> the world class it was checked for
 
 
-def check_config(cfg, world_cls=None, out_dir=None, out_key: str = "hydra.run.dir") -> None:
+def check_config(cfg, world_cls=None, out_dir=None, out_key: str = "hydra.run.dir", overrides=None) -> None:
     """Every check of a composed job config before any model loads (see the module docstring):
     the ranges, the files the target needs (its ``missing_files``), the device and the run
     folder, in that order (the value checks import no torch: they refuse in ~1 s); ``world_cls``: the target's world class (default: from ``target.name``);
-    ``out_dir``: the run folder, checked for being writable. The checks of values alone are not
+    ``out_dir``: the run folder, checked for being writable; ``overrides``: the command line's
+    (default: the running Hydra job's), whose settings must apply to the run. The checks of values alone are not
     repeated for a config they accepted in this process (a run checks before Hydra writes, then
     as its job starts); the files, the device and the folder, which can change, always are."""
 
@@ -268,6 +362,7 @@ def check_config(cfg, world_cls=None, out_dir=None, out_key: str = "hydra.run.di
     if key not in _PASSED or (world_cls is not None and world_cls is not _PASSED[key]):
         _PASSED[key] = _check_values(cfg, world_cls)
     world_cls = world_cls or _PASSED[key]
+    check_settings_apply(cfg, world_cls, task_overrides() if overrides is None else overrides)
     # the files (coolsd.worlds.files: every missing one at once), then the device they would load on
     require_files(cfg.target.name, world_cls.missing_files(cfg))
     check_prompt_file(cfg, world_cls)  # after the files: a missing prompt file is in their list
@@ -297,6 +392,7 @@ def _check_values(cfg, world_cls):
 
     # the value checks first, torch-free (~1 s to refuse); the world modules and the method
     # registry import torch (~4 s of CPU on a small machine)
+    check_known_settings(cfg)
     require_int("seed", _get(cfg, "seed", 0), 0)
     require_int("threads", _get(cfg, "threads", 1), 1)
     require_int("batch_size", _get(cfg, "batch_size", 1), 1)

@@ -31,7 +31,7 @@ from coolsd.job.config_schema import check_config, method_from_cfg
 from coolsd.job.shards import Shard
 from coolsd.job.summary import AR, FASTEST_AR, GRID_COLUMNS, summarize, write_outputs
 from coolsd.job.tracking import NullLogger, make_logger
-from coolsd.util.errors import ConfigError, SummaryError
+from coolsd.util.errors import ConfigError, OneLineError, SummaryError
 from coolsd.util.log import say
 from coolsd.util.records import RecordWriter, RunLock, claim_run_dir, resume_records
 from coolsd.worlds import load_world, world_class
@@ -283,13 +283,14 @@ def lock_wait() -> float:
 
 def run_shard(world, methods: dict, prompts: list, out_dir: Path, identity: dict, *, seed: int, offset: int = 0,
               batch_size: int = 1, shard: Shard = Shard(), keep_images: int = GRID_COLUMNS,
-              stats: Optional[dict] = None, logger=NullLogger()):
+              stats: Optional[dict] = None, logger=NullLogger(), config: Optional[str] = None):
     """Lock this shard's record file (``RunLock``: a second process writing it is refused, naming
     the holder), claim the run folder, resume this shard's records and generate the rest. Returns
     (outputs, the prompts they cover, failures); with ``shard.count`` > 1 they cover this
     shard's prompts only (the summary comes from ``coolsd.cli.merge``). ``logger``
-    (``coolsd.job.tracking``) starts once the folder is claimed and gets every record as it is written."""
-    with RunLock(out_dir, shard.records_name, wait=lock_wait()):
+    (``coolsd.job.tracking``) starts once the folder is claimed and gets every record as it is written.
+    ``config``: the job's ``config_digest``, kept in the lock so that a refusal advises rightly."""
+    with RunLock(out_dir, shard.records_name, wait=lock_wait(), config=config):
         done = resume_records(out_dir, shard.records_name) if claim_run_dir(out_dir, identity) else []
         positions = shard.select(len(prompts))
         if done:
@@ -323,6 +324,17 @@ def _count_lines(path: Path) -> int:
         return 0
 
 
+def config_digest(cfg) -> str:
+    """A digest of a job config without what does not change its samples' folder (the shard, the
+    logger, the folder itself): runs of one configuration have one digest (``RunLock``'s advice)."""
+    import hashlib
+
+    from omegaconf import OmegaConf
+
+    keep = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in ("shard", "logger", "out_dir")}
+    return hashlib.sha256(repr(sorted(keep.items())).encode()).hexdigest()[:16]
+
+
 def job_settings(cfg) -> tuple[Shard, int, int, bool]:
     """(shard, batch_size, threads, batch_invariant) of a job config (its ranges are
     ``coolsd.job.config_schema.check_config``'s, run first)."""
@@ -331,20 +343,42 @@ def job_settings(cfg) -> tuple[Shard, int, int, bool]:
     return shard, batch, threads, bool((cfg.get("deterministic") or {}).get("batch_invariant", False))
 
 
+class Interrupted(OneLineError):
+    """Ctrl-C during a job: every record written is kept (``RecordWriter`` appends whole lines) and
+    the message says how many and how to resume. Exit status 130, the shell's for SIGINT."""
+
+    exit_status = 130
+
+
+def interrupted(out_dir: Path, records_name: str, dir_key: str) -> Interrupted:
+    n = _count_lines(out_dir / records_name)
+    return Interrupted(f"interrupted: {n} sample record(s) are kept in {out_dir / records_name}; to resume, run the "
+                       f"same command with {dir_key}={out_dir} (nothing kept is generated again)")
+
+
 def run_job(cfg, out_dir: Path, world=None) -> dict:
     """The job of one composed config (``run.py``): validate, load the world (unless given,
     e.g. one loaded target for every row of a sweep), generate, summarise. A shard of several
-    returns its shard info; ``python -m coolsd.cli.merge`` writes the summary."""
-    from omegaconf import OmegaConf
-
-
-    world_cls = world_class(cfg.target.name) if world is None else type(world)
+    returns its shard info; ``python -m coolsd.cli.merge`` writes the summary. Ctrl-C ends it in
+    one line (``Interrupted``) that says what is kept and how to resume."""
+    dir_key = "out_dir" if cfg.get("out_dir") else "hydra.run.dir"
     # every range, the method's names, every missing file at once, the device and the output folder:
     # before anything loads
-    check_config(cfg, world_cls, out_dir, "out_dir" if cfg.get("out_dir") else "hydra.run.dir")
+    check_config(cfg, world_class(cfg.target.name) if world is None else type(world), out_dir, dir_key)
+    try:
+        return _generate_and_summarise(cfg, out_dir, world, dir_key)
+    except KeyboardInterrupt:
+        raise interrupted(out_dir, Shard.from_cfg(cfg).records_name, dir_key) from None
+
+
+def _generate_and_summarise(cfg, out_dir: Path, world, dir_key: str) -> dict:
+    from omegaconf import OmegaConf
+
+    world_cls = world_class(cfg.target.name) if world is None else type(world)
     shard, batch, threads, invariant = job_settings(cfg)
     name, _ = method_from_cfg(cfg)
-    RunLock(out_dir, shard.records_name, wait=lock_wait()).refuse_if_held()  # a folder being written: before loading
+    digest = config_digest(cfg)
+    RunLock(out_dir, shard.records_name, wait=lock_wait(), config=digest).refuse_if_held()  # before loading
     prompts = world_cls.prompts(cfg)
     logger = make_logger(cfg.get("logger"), OmegaConf.to_container(cfg, resolve=True),  # a missing extra fails here
                          name=f"{cfg.target.name}/{name}/{out_dir.name}")
@@ -361,7 +395,7 @@ def run_job(cfg, out_dir: Path, world=None) -> dict:
         outputs, prompts, failures = run_shard(world, methods, prompts, out_dir, identity, seed=cfg.seed,
                                                offset=int(dataset.get("offset", 0)), batch_size=batch, shard=shard,
                                                keep_images=int((cfg.get("logger") or {}).get("n_images", 0)),
-                                               stats=stats, logger=logger)
+                                               stats=stats, logger=logger, config=digest)
     if stats:
         say(f"warm-up (excluded from latency): {stats['warmup_s']:.1f} s"
               + (f", {stats['graphs_compiled']} graphs compiled" if world.compiled or FASTEST_AR in methods else ""))
@@ -374,10 +408,10 @@ def run_job(cfg, out_dir: Path, world=None) -> dict:
         summary = summarize(world_cls, identity, outputs, prompts, failures)
         if "compile" in summary and stats:
             summary["compile"]["warmup_s"] = stats["warmup_s"]
-        lines = write_outputs(world_cls, summary, outputs, out_dir, world.reference_images(prompts[:GRID_COLUMNS]))
+        lines = write_outputs(world_cls, summary, outputs, out_dir, world.reference_images(prompts[:GRID_COLUMNS]),
+                              [p.caption for p in prompts[:GRID_COLUMNS]])
     except Exception as e:
-        raise summary_failed(e, out_dir, shard.records_name,
-                             "out_dir" if cfg.get("out_dir") else "hydra.run.dir") from e
+        raise summary_failed(e, out_dir, shard.records_name, dir_key) from e
     logger.log_results(summary["results"])
     for tag, (_, imgs) in outputs.items():
         if imgs is not None:

@@ -31,6 +31,7 @@ from pathlib import Path
 from coolsd.metrics.clip_score import CLIP_FILES, CLIP_HF_REPO, CLIP_SOURCE
 from coolsd.metrics.clip_torchmetrics import SJD_CLIP_FILES, SJD_CLIP_HF_REPO, SJD_CLIP_SOURCE
 from coolsd.metrics.inception import FID_PROTOCOLS, PT_WEIGHTS_NAME, PT_WEIGHTS_URL, WEIGHTS_NAME, WEIGHTS_URL
+from coolsd.util.errors import ConfigError
 from coolsd.util.loading import BadInputFile, require_file
 
 PROTOCOLS = ("lantern", "sjd")
@@ -61,7 +62,7 @@ PARTI_SOURCE = "PartiPrompts.tsv from https://github.com/google-research/parti (
 
 def check_protocol(name: str) -> str:
     if name not in PROTOCOLS:
-        raise SystemExit(f"unknown --protocol {name!r}; valid: {', '.join(PROTOCOLS)}")
+        raise ConfigError(f"unknown --protocol {name!r}; valid: {', '.join(PROTOCOLS)}")
     return name
 
 

@@ -28,7 +28,8 @@ import torch.nn as nn
 from coolsd.models.mar import MAR, NULL_LABEL, MARConfig
 from coolsd.models.mar_loss import mar_loss
 from coolsd.toy.scenes import ATTRIBUTES, IMAGE_SIZE, render_batch, sample_scenes
-from coolsd.toy.weights import read_weights, save_weights
+from coolsd.toy.weights import check_checksums, read_weights, save_weights
+from coolsd.util.loading import BadInputFile
 from coolsd.util.records import sha256_file, write_json_atomic
 
 PATCH = 4
@@ -146,22 +147,18 @@ def _load_model(path: Path) -> ToyMAR:
     try:
         model.load_state_dict({k: v.float() for k, v in sd.items()}, strict=True)
     except RuntimeError as e:
-        raise ValueError(f"toy continuous weights {path} do not match the model ({' '.join(str(e).split())[:300]}); "
+        raise BadInputFile(f"toy continuous weights {path} do not match the model ({' '.join(str(e).split())[:300]}); "
                          f"{REBUILD}") from e
     return model.eval()
 
 
+def check_continuous_manifest(assets_dir) -> dict:
+    return check_checksums(assets_dir, MANIFEST, FILES.values(), "toy continuous weights", REBUILD)
+
+
 def load_toy_continuous(assets_dir=None) -> ToyContinuousAssets:
     d = Path(assets_dir) if assets_dir else ASSETS_DIR
-    mpath = d / MANIFEST
-    if not mpath.is_file():
-        raise FileNotFoundError(f"toy continuous manifest {mpath} not found; {REBUILD}")
-    manifest = json.loads(mpath.read_text())
-    for f in FILES.values():
-        if not (d / f).is_file():
-            raise FileNotFoundError(f"toy continuous weights {d / f} not found; {REBUILD}")
-        if sha256_file(d / f) != manifest["sha256"][f]:
-            raise ValueError(f"toy continuous weights {d / f} are corrupted (sha256 differs from {MANIFEST}); {REBUILD}")
+    manifest = check_continuous_manifest(d)
     sd, _ = read_weights(d / FILES["codec"], "coolsd-patch-pca", "toy continuous codec", REBUILD)
     codec = PatchPCA()
     codec.load_state_dict(sd, strict=True)

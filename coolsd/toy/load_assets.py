@@ -18,8 +18,8 @@ from coolsd.models.llamagen import LlamaGenConfig, LlamaGenGPT
 from coolsd.toy.features import ToyFeatureExtractor, load_feature_net
 from coolsd.toy.target import CaptionEncoder
 from coolsd.toy.vq import load_vq
-from coolsd.toy.weights import REBUILD, read_weights
-from coolsd.util.records import sha256_file
+from coolsd.toy.weights import REBUILD, check_checksums, read_weights
+from coolsd.util.loading import BadInputFile
 
 ASSETS_DIR = Path(__file__).parent / "assets"
 FILES = {"vq": "vq.safetensors", "target": "target.safetensors", "drafter": "drafter.safetensors",
@@ -35,21 +35,11 @@ def load_strict(module: torch.nn.Module, sd: dict, path: Path) -> None:
     try:
         module.load_state_dict(sd, strict=True)
     except RuntimeError as e:
-        raise ValueError(f"toy weights {path} do not match the model ({' '.join(str(e).split())[:300]}); {REBUILD}") from e
+        raise BadInputFile(f"toy weights {path} do not match the model ({' '.join(str(e).split())[:300]}); {REBUILD}") from e
 
 
 def check_manifest(assets_dir: Path) -> dict:
-    path = assets_dir / "manifest.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"toy assets manifest {path} not found; {REBUILD}")
-    manifest = json.loads(path.read_text())
-    for name, fname in FILES.items():
-        f = assets_dir / fname
-        if not f.is_file():
-            raise FileNotFoundError(f"toy weights {f} not found; {REBUILD}")
-        if sha256_file(f) != manifest["sha256"][fname]:
-            raise ValueError(f"toy weights {f} are corrupted (sha256 differs from manifest.json); {REBUILD}")
-    return manifest
+    return check_checksums(assets_dir, "manifest.json", FILES.values(), "toy weights", REBUILD)
 
 
 @dataclass

@@ -85,9 +85,16 @@ class RunLock:
     to wait for a holder to finish (0: refuse at once). The lock dies with its process, so a
     lock file left by a killed run is taken over (its stale holder line is overwritten)."""
 
-    def __init__(self, run_dir: Path, name: str = "samples.jsonl", wait: float = 0.0):
+    def __init__(self, run_dir: Path, name: str = "samples.jsonl", wait: float = 0.0, config: str | None = None):
         self.path = Path(run_dir) / (name + ".lock")
         self.wait, self._fd = float(wait), None
+        self.config = config  # a digest of the holder's configuration: a refusal's advice depends on it
+
+    def _holder_config(self) -> str | None:
+        try:
+            return json.loads(self.path.read_text()).get("config")
+        except (OSError, ValueError, AttributeError):
+            return None
 
     @staticmethod
     def holder(path: Path) -> str:
@@ -119,6 +126,13 @@ class RunLock:
             raise self._refusal(who)
 
     def _refusal(self, who: str) -> RunFolderLocked:
+        """Waiting helps only a run of the holder's configuration (it then resumes); a run of another
+        configuration can never use this folder, so it is told to choose another."""
+        theirs = self._holder_config()
+        if self.config is not None and theirs is not None and theirs != self.config:
+            return RunFolderLocked(f"{self.path.parent}: {self.path.name[:-5]} is being written by {who}, a run of "
+                                   "another configuration: this folder will hold that run only; use another output "
+                                   "folder")
         return RunFolderLocked(f"{self.path.parent}: {self.path.name[:-5]} is being written by {who}; two runs never "
                                "write one record file: wait for it to finish (a rerun then resumes) or use another "
                                "output folder (or set $COOLSD_LOCK_WAIT to wait that many seconds)")
@@ -139,7 +153,7 @@ class RunLock:
         started = datetime.now(timezone.utc).astimezone().isoformat(timespec="seconds")
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": started,
-                                  "command": " ".join(sys.argv)[:300]}).encode(), 0)
+                                  "command": " ".join(sys.argv)[:300], "config": self.config}).encode(), 0)
         os.fsync(fd)
         self._fd = fd
         return self

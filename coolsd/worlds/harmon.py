@@ -37,6 +37,7 @@ TOKENIZER_SOURCE = ("tokenizer.json of Qwen/Qwen2.5-1.5B-Instruct (Hugging Face;
 class HarmonTargetSchema(TargetSchema):
     arch: Any = MISSING  # a released architecture name or a mapping {llm: QwenConfig fields, mar: MARConfig fields}
     grid: Optional[int] = None  # tokens per side of the run (32: 512 px, 16: 256 px); null: the architecture's
+    vae: Any = None  # a mapping of KLVAEConfig fields (tiny test files); null = MAR's KL-16 VAE
     files: Dict[str, Optional[str]] = field(default_factory=dict)
     device: str = "cuda"
     dtype: str = "float32"

@@ -41,6 +41,7 @@ from coolsd.worlds.schema import TokenTargetSchema
 @dataclass
 class LlamaGenTargetSchema(TokenTargetSchema):
     gpt_config: Any = MISSING  # a named config (GPT_XL) or a mapping of LlamaGenConfig fields
+    vq_config: Any = None  # a mapping of VQConfig fields (tiny test files); null = the released VQ
     variant: str = "upstream"  # padded-text-slot attention: upstream (LlamaGen) | lantern (LANTERN, the paper's)
     files: Dict[str, Optional[str]] = field(default_factory=dict)
     device: str = "cuda"

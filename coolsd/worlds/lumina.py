@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Any, Dict, Optional
 
 import numpy as np
 import torch
@@ -65,6 +65,7 @@ class TextPrompts:
 @dataclass
 class LuminaTargetSchema(TokenTargetSchema):
     image_size: int = MISSING
+    vq_config: Any = None  # a mapping of VQConfig fields (tiny test files); null = Chameleon's VQGAN
     files: Dict[str, Optional[str]] = field(default_factory=dict)
     device: str = "cuda"
     dtype: str = "bfloat16"

@@ -25,6 +25,7 @@ from coolsd.worlds.schema import HeadSchema, TargetSchema
 @dataclass
 class MARTargetSchema(TargetSchema):
     arch: Any = MISSING  # a released architecture name or a mapping of MARConfig fields
+    vae: Any = None  # a mapping of KLVAEConfig fields (tiny test files); null = MAR's KL-16 VAE
     files: Dict[str, Optional[str]] = field(default_factory=dict)
     device: str = "cuda"
     dtype: str = "float32"

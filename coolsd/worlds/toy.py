@@ -21,7 +21,7 @@ from coolsd.engine.drafting import SamplingConfig
 from coolsd.metrics.toy import toy_quality as quality
 from coolsd.models.eagle.model import EagleDrafter, load_eagle_head
 from coolsd.models.llamagen import LlamaGenTarget
-from coolsd.toy.load_assets import ASSETS_DIR, FILES, load_toy_assets, toy_feature_extractor
+from coolsd.toy.load_assets import ASSETS_DIR, FILES, check_manifest, load_toy_assets, toy_feature_extractor
 from coolsd.toy.scenes import (
     MAX_CAPTION_TOKENS,
     WORDS,
@@ -150,17 +150,26 @@ class ToyWorld(DiscreteWorld):
                             contains=DRAFTER_FOLDER)] if d.get("kind") == "eagle" else []
 
     @classmethod
+    def missing_files(cls, cfg) -> list[str]:
+        """The drafter folder if one is configured, after the toy weights' checksums: a missing or
+        corrupted weight file is refused naming it before any folder is made (``check_manifest``)."""
+        check_manifest(Path(cfg.target.get("assets") or SHIPPED_ASSETS))
+        return super().missing_files(cfg)
+
+    @classmethod
     def image_tokens(cls, cfg) -> Optional[int]:
-        """The shipped (or ``target.assets``) GPT's block size, from its safetensors header alone."""
+        """The shipped (or ``target.assets``) GPT's block size, from its safetensors header alone
+        (None for a file that is not there or unreadable: ``missing_files`` names it)."""
         import json
 
         from safetensors import safe_open
 
         path = Path(cfg.target.get("assets") or SHIPPED_ASSETS) / TARGET_WEIGHTS
-        if not path.is_file():
-            return None  # the loader names the missing file
-        with safe_open(str(path), "pt") as f:
-            return int(json.loads(f.metadata()["config"])["gpt"]["block_size"])
+        try:
+            with safe_open(str(path), "pt") as f:
+                return int(json.loads(f.metadata()["config"])["gpt"]["block_size"])
+        except Exception:  # noqa: BLE001 -- any unreadable header: the checksum check words it
+            return None
 
     @classmethod
     def load(cls, cfg) -> "ToyWorld":

@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 
 from coolsd.engine.continuous.generate import HeadConfig
-from coolsd.toy.continuous import load_toy_continuous, scene_labels
+from coolsd.toy.continuous import check_continuous_manifest, load_toy_continuous, scene_labels
 from coolsd.toy.load_assets import ASSETS_DIR
 from coolsd.worlds.base import ContinuousWorld, draft_kind
 from coolsd.worlds.presentation import CONTINUOUS_COLUMNS, Column, Presentation
@@ -30,6 +30,13 @@ class ToyContinuousWorld(ContinuousWorld):
     schema = ("toy_continuous_schema", ToyContinuousTargetSchema)  # its conf files name it first
     presentation = Presentation(CONTINUOUS_COLUMNS + (Column("toy_fid", "toy_fid", 1),))
     quality_reads_images = True
+
+    @classmethod
+    def missing_files(cls, cfg) -> list[str]:
+        """Every input the run lacks, after the weights' checksums (a missing or corrupted weight file
+        is refused naming it before any folder is made)."""
+        check_continuous_manifest(cfg.target.get("assets") or ASSETS_DIR)
+        return super().missing_files(cfg)
 
     @classmethod
     def quality(cls, outputs, prompts, files):

@@ -31,6 +31,7 @@ class FlowSchema:
 @dataclass
 class XARTargetSchema(TargetSchema):
     arch: Any = MISSING  # a released architecture name or a mapping of XARConfig fields
+    vae: Any = None  # a mapping of KLVAEConfig fields (tiny test files); null = MAR's KL-16 VAE
     files: Dict[str, Optional[str]] = field(default_factory=dict)
     device: str = "cuda"
     dtype: str = "float32"

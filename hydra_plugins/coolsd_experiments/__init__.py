@@ -51,9 +51,13 @@ class CoolsdIncludeSearchPath(SearchPathPlugin):
 
         if not plugins.include_paths():
             return
+        from coolsd.cli.runner import verbose
+
         try:
             confs = plugins.load()
-        except ConfigError as e:  # a path that is not there: the one-line refusal (exit status 2)
+        except ConfigError as e:  # a path that is not there, a file that raises: one line (exit status 2)
+            if verbose():
+                raise
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
         for conf in confs:

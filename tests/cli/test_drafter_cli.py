@@ -10,6 +10,7 @@ from coolsd.models.eagle.model import load_eagle_head
 from coolsd.cli.train_drafter import main
 from coolsd.models.llamagen import LlamaGenConfig, load_gpt
 from coolsd.toy.load_assets import load_toy_assets
+from coolsd.util.errors import ConfigError
 from factories import TINY_GPT, llamagen_overrides
 
 
@@ -25,7 +26,7 @@ def test_toy_drafter_training_writes_a_loadable_folder(tmp_path):
     saved = load_file(str(out / "model.safetensors"))
     assert head.text_prefix is False and all(torch.equal(saved[k], v) for k, v in head.state_dict().items())
     assert torch.equal(head.embed_tokens.weight, world.gpt.tok_embeddings.weight)  # the target's frozen embedding
-    with pytest.raises(SystemExit, match="unknown train option"):
+    with pytest.raises(ConfigError, match="unknown train option"):
         main(["target=toy", "train.epochs=3"])
 
 

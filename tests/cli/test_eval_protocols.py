@@ -17,6 +17,7 @@ from coolsd.metrics.fid import feature_statistics, fid_from_features, frechet_di
 from coolsd.metrics.image_prep import clean_resize_299, pytorch_fid_preprocess
 from coolsd.metrics.inception import InceptionFeatureExtractor, InceptionV3, load_inception
 from coolsd.util.records import RecordWriter
+from coolsd.util.errors import ConfigError
 from tiny_models import random_inception, write_tiny_clip
 
 CAPTIONS = ["a red cat sits on the mat.", "the dog", "a cat, a dog, a mat"]
@@ -250,7 +251,7 @@ def test_sjd_on_partiprompts_scores_clip_against_the_tsv(tmp_path, clip_dir, cle
     tsv.write_text("Prompt\tCategory\n" + "".join(f"{c} x\tAnimals\n" for c in CAPTIONS))
     with pytest.raises(ValueError, match=r"record ar/0 has caption 'a red cat sits on the mat\.' but the TSV's prompt 0"):
         main([str(run), "--protocol", "sjd", "--parti-tsv", str(tsv), "--metrics", "clip_score", "--clip", str(clip_dir)])
-    with pytest.raises(SystemExit, match="no FID on PartiPrompts"):
+    with pytest.raises(ConfigError, match="no FID on PartiPrompts"):
         main([str(run), "--protocol", "sjd", "--parti-tsv", str(tsv)])
 
 
@@ -286,7 +287,7 @@ def test_bad_protocol_values_are_one_line_errors(tmp_path, clean_env):
     run = _run(tmp_path / "run")
     for argv, match in ((["--protocol", "clean"], r"^unknown --protocol 'clean'; valid: lantern, sjd$"),
                         (["--protocol", "lantern", "--parti-tsv", "p.tsv"], r"^--parti-tsv is a prompt set of --protocol sjd")):
-        with pytest.raises(SystemExit) as e:
+        with pytest.raises(ConfigError) as e:
             main([str(run), *argv])
-        assert "\n" not in str(e.value.code)
-        assert __import__("re").search(match, str(e.value.code)), e.value.code
+        assert "\n" not in str(e.value)
+        assert __import__("re").search(match, str(e.value)), e.value

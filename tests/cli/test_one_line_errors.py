@@ -110,3 +110,12 @@ def test_a_very_long_prompt_is_refused_with_its_reason_first_and_the_prompt_cut(
                            "encoder's limit; shorten it (the prompt: 'a against at ")
     assert "..." in line
     assert not out.exists()
+
+
+def test_a_bad_evaluate_option_is_one_line_with_exit_status_2(shard):
+    """``coolsd.cli.evaluate``'s option refusals (an unknown metric or protocol) are the same one
+    line and exit status 2 as a run's, before any input is read."""
+    refused(_cli("-m", "coolsd.cli.evaluate", str(shard), "--device", "cpu", "--metrics", "clip_score,is"),
+            "error: unknown metric(s) ['is']; valid: ")
+    refused(_cli("-m", "coolsd.cli.evaluate", str(shard), "--device", "cpu", "--protocol", "clean"),
+            "error: unknown --protocol 'clean'; valid: lantern, sjd")

@@ -52,6 +52,6 @@ def test_bad_combinations_are_refused(tmp_path):
     with pytest.raises(ValueError, match="set compile=false"):
         run(_cfg(tmp_path / "c", "compile=true"))
     with pytest.raises(ValueError, match="use tree=chain"):
-        run(_cfg(tmp_path / "t", "tree=mc_sim_7b_63"))
+        run(_cfg(tmp_path / "t", "tree=mc_sim_7b_63", "tree.draft_length=null"))
     with pytest.raises(ValueError, match="give price a number"):
         run(_cfg(tmp_path / "p", "method.price=null"))

@@ -120,6 +120,109 @@ def test_row_parallel_refusals_are_one_line(tmp_path, overrides, words):
     assert words in proc.stderr
 
 
+# (overrides, what the one line must say): a key no schema declares (typed or added with +), named with
+# the closest valid one; a setting the run would not use (refused, never dropped)
+UNKNOWN_OR_UNUSED = [
+    (["target.cfg_scal=2.0"], "target.cfg_scal is not a setting of target=toy: did you mean target.cfg_scale?"),
+    (["+target.cfg_scal=2.0"], "target.cfg_scal is not a setting of target=toy: did you mean target.cfg_scale?"),
+    (["tree.draft_lenght=3"], "tree.draft_lenght is not a setting of tree=chain: did you mean tree.draft_length?"),
+    (["dataset.n_prompt=3"], "dataset.n_prompt is not a setting of dataset=toy: did you mean dataset.n_prompts?"),
+    (["target.devcie=cuda"], "target.devcie is not a setting of target=toy: its settings: name, cfg_scale"),
+    (["target.device=cuda"], "target=toy runs on the CPU only: it has no target.device setting"),
+    (["method=coolsd", "tree=mc_sim_7b_63", "tree.draft_length=2"],
+     "tree.draft_length=2 does not apply to tree=mc_sim_7b_63, a fixed tree: set tree=chain tree.draft_length=2"),
+    (["method=sjd", "tree.draft_length=8"], "tree.draft_length does not apply to method=sjd on target=toy, which "
+                                            "drafts with no tree (it drafts from the target itself: its window is method.window)"),
+    (["method=sjd", "draft=self"], "draft does not apply to method=sjd"),
+    (["target=toy_continuous", "method=cspd", "tree.draft_length=3"], "a continuous method's draft length is method.gamma"),
+]
+
+
+@pytest.mark.parametrize("overrides, words", UNKNOWN_OR_UNUSED, ids=[" ".join(o) for o, _ in UNKNOWN_OR_UNUSED])
+def test_unknown_and_unused_settings_are_refused(overrides, words):
+    """What a run would silently drop is refused before any work: a typo in any group (the schemas
+    are open so that ``+key`` composes; ``check_known_settings`` refuses what no schema declares), the
+    toy's nonexistent device, a tree a method does not draft with (the command line's overrides)."""
+    with pytest.raises(ConfigError) as e:
+        check_config(factories.compose(*overrides), overrides=overrides)
+    assert words in str(e.value)
+
+
+@pytest.mark.parametrize("overrides", [["target.cfg_scal=2.0"], ["target.device=cuda"], ["method=sjd", "tree.draft_length=8"]],
+                         ids=["typo", "device", "unused"])
+def test_unknown_and_unused_settings_are_one_line(tmp_path, overrides):
+    """The same refusals from the command line: one line, exit status 2, nothing written."""
+    proc, wall, cpu = cli(tmp_path, *overrides, "dataset.n_prompts=1")
+    assert_refused(tmp_path, proc, wall, cpu, overrides[-1].split("=")[0], " ".join(overrides))
+    assert next(w for o, w in UNKNOWN_OR_UNUSED if o == overrides) in proc.stderr, proc.stderr
+
+
+def test_settings_a_config_file_sets_for_every_method_are_not_refused():
+    """Only what the command line sets is held against a method: a config (an experiment file) may set
+    a tree for every row, and the Jacobi methods among them ignore it by design."""
+    cfg = factories.compose("method=sjd", "tree.draft_length=8")
+    check_config(cfg, overrides=[])  # as if the tree came from a config file
+    with pytest.raises(ConfigError, match="tree.draft_length does not apply to method=sjd"):
+        check_config(cfg, overrides=["method=sjd", "tree.draft_length=8"])
+    check_config(factories.compose("method=coolsd", "tree.draft_length=8"), overrides=["tree.draft_length=8"])
+
+
+@pytest.mark.parametrize("values, bad", [("-1,2,3", 0), ("2,3,-1", 2)], ids=["bad-first", "bad-last"])
+def test_a_sweep_is_checked_whole_before_its_first_job(tmp_path, values, bad):
+    """One bad job at either end of a sweep: every job is composed and checked before the first
+    starts; the refusal names the bad job by its swept value, in one line, and nothing runs or is written."""
+    proc, wall, cpu = cli(tmp_path, f"method.delta={values}", "dataset.n_prompts=1", multirun=True)
+    assert_refused(tmp_path, proc, wall, cpu, "method.delta=-1", f"sweep method.delta={values}")
+    assert proc.stderr.splitlines()[0].startswith(f"error: job {bad} (method.delta=-1): method.delta=-1"), proc.stderr
+    assert "1 of 3 jobs refused: nothing ran" in proc.stderr, proc.stderr
+
+
+def test_a_sweep_of_settings_a_method_does_not_use_is_refused_per_job(tmp_path):
+    proc, _, _ = cli(tmp_path, "method=coolsd,sjd", "tree.draft_length=2,3", "dataset.n_prompts=1", multirun=True)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert [line.removeprefix("error: ").split(":")[0] for line in lines[:2]] == \
+        ["job 2 (method=sjd tree.draft_length=2)", "job 3 (method=sjd tree.draft_length=3)"], proc.stderr
+    assert lines[2].startswith("2 of 4 jobs refused") and not (tmp_path / "sweep").exists()
+
+
+def test_corrupted_toy_weights_are_one_line_before_any_folder(tmp_path):
+    """A truncated or altered shipped weight file: one line naming it and the rebuild command, exit
+    status 2, before Hydra makes the run folder (the checksums are checked with the config)."""
+    import shutil
+
+    from coolsd.toy.load_assets import ASSETS_DIR
+    from coolsd.util.loading import BadInputFile
+
+    assets = tmp_path / "assets"
+    shutil.copytree(ASSETS_DIR, assets)
+    weights = assets / "target.safetensors"
+    raw = bytearray(weights.read_bytes())
+    weights.write_bytes(bytes(raw[:1000]))  # truncated: its header is unreadable too
+    proc, wall, cpu = cli(tmp_path, f"target.assets={assets}", "dataset.n_prompts=1")
+    assert_refused(tmp_path, proc, wall, cpu, str(weights), "truncated toy weights")
+    assert "are corrupted (sha256 differs from manifest.json); run `make toy-assets`" in proc.stderr, proc.stderr
+    raw[len(raw) // 2] ^= 0xFF  # altered in the middle: the header reads, the checksum does not match
+    weights.write_bytes(bytes(raw))
+    with pytest.raises(BadInputFile, match=r"target.safetensors are corrupted .*make toy-assets"):
+        check_config(factories.compose(f"target.assets={assets}"))
+
+
+def test_a_plugin_that_raises_on_import_is_one_line(tmp_path):
+    """``--include`` of a file that raises: one line naming the file, its line and the exception,
+    exit status 2, nothing written; COOLSD_VERBOSE=1 shows the plugin's traceback."""
+    plugin = tmp_path / "broken_method.py"
+    plugin.write_text("import math\n\nraise RuntimeError('half-written plugin')\n")
+    proc, _, _ = cli(tmp_path, "--include", str(plugin), "dataset.n_prompts=1")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in out, out
+    assert proc.stderr.strip() == (f"error: COOLSD_INCLUDE / --include: {plugin}:3 raised RuntimeError: half-written "
+                                   "plugin; fix it, or run with COOLSD_VERBOSE=1 for its traceback"), proc.stderr
+    assert not (tmp_path / "run").exists()
+    proc, _, _ = cli(tmp_path, "--include", str(plugin), env_extra={"COOLSD_VERBOSE": "1"})
+    assert "Traceback" in proc.stderr and "half-written plugin" in proc.stderr
+
+
 def test_wrong_type_fails_at_compose_time(tmp_path):
     """Hydra's structured config refuses a value of the wrong type while composing (its own
     message, naming the override and the key; no traceback, nothing written)."""

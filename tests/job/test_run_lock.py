@@ -121,3 +121,23 @@ def test_shards_keep_separate_locks_and_logs(tmp_path):
     assert (out / "samples.shard-001-of-002.jsonl").is_file() and not (out / "samples.shard-000-of-002.jsonl").exists()
     assert sorted(p.name for p in out.glob("*.log")) == ["run.shard-001-of-002.log"]  # Hydra's job log, per shard
     assert Shard().log_name() == "run.log" and Shard(2, 3).log_name("job") == "job.shard-002-of-003.log"
+
+
+def test_the_refusal_advises_by_the_holders_configuration(tmp_path):
+    """Waiting helps a run of the holder's configuration (it then resumes); a run of another
+    configuration is told to choose another folder instead (the lock keeps the holder's digest)."""
+    from coolsd.job.generation import config_digest
+
+    out = tmp_path / "run"
+    mine = compose("method=ar", "dataset.n_prompts=1", f"+out_dir={out}")
+    other = compose("method=coolsd", "dataset.n_prompts=1", f"+out_dir={out}")
+    assert config_digest(mine) == config_digest(compose("method=ar", "dataset.n_prompts=1", "shard.count=2",
+                                                        f"+out_dir={tmp_path / 'elsewhere'}"))
+    with RunLock(out, "samples.jsonl", config=config_digest(other)):
+        with pytest.raises(RunFolderLocked, match="a run of another configuration: .*use another output folder") as e:
+            run(mine)
+        assert "wait" not in str(e.value) and "resumes" not in str(e.value)
+    with RunLock(out, "samples.jsonl", config=config_digest(mine)):
+        with pytest.raises(RunFolderLocked, match=r"wait for it to finish \(a rerun then resumes\)"):
+            run(mine)
+    assert not (out / "run.json").exists()

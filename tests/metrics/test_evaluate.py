@@ -20,6 +20,7 @@ from coolsd.metrics.image_reward import ImageRewardScorer
 from coolsd.metrics.inception import InceptionFeatureExtractor
 from coolsd.metrics.reference import coco_image_files, reference_statistics
 from coolsd.util.records import RecordWriter
+from coolsd.util.errors import ConfigError
 from tiny_models import MomentFeatures, random_inception, write_tiny_clip
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -157,7 +158,7 @@ def test_image_reward_errors_before_work(tmp_path, fake_image_reward):
 
 def test_cli_checks_inputs_before_work(tmp_path, capsys, fake_image_reward, monkeypatch):
     run = _run(tmp_path / "run", n=2)
-    with pytest.raises(SystemExit, match="unknown metric"):
+    with pytest.raises(ConfigError, match="unknown metric"):
         main([str(run), "--metrics", "clip_score,is"])
     with pytest.raises(FileNotFoundError, match=r"CLIP model folder: .*no_clip does not exist \(set --clip /path"):
         main([str(run), "--metrics", "clip_score", "--clip", str(tmp_path / "no_clip")])
