@@ -263,7 +263,10 @@ def real_configs(target: str, prompts: int, records: Path, overrides=(), extra=(
 
 def parti_configs(target: str, tsv, n, records: Path, overrides=(), extra=()) -> list[tuple[str, object]]:
     """The rows of ``real_configs`` on PartiPrompts (``dataset=prompts``, the TSV's ``Prompt`` column
-    in file order; ``n`` prompts, None: all), tags suffixed ``@parti``, records under ``records/parti``."""
+    in file order; ``n`` prompts, None: all), tags suffixed ``@parti``, records under ``records/parti``.
+    ``overrides`` of the COCO data set (``dataset.*``, e.g. ``dataset.captions``) are not passed on: the
+    TSV is this data set, and a setting it does not have is refused (``check_known_settings``)."""
+    overrides = [o for o in overrides if not o.lstrip("+~").startswith("dataset")]
     out = []
     for _, tag, method, params in rows_for(target, extra):
         sets = [f"method.{k}={v}" for k, v in params.items()]

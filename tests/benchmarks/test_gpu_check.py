@@ -20,7 +20,9 @@ def _bench():
     return mod
 
 
-def test_tiny_cpu_check_covers_every_method_within_the_sync_budget(tmp_path):
+def test_tiny_cpu_check_covers_every_method_within_the_sync_budget(tmp_path, dynamo_only):
+    """The check end to end on the CPU (tiny targets): every method eager within the sync budget, compiled
+    AR traced by Dynamo (its Inductor code is tests/engine/test_compiled.py's) agreeing token for token."""
     bench = _bench()
     out = bench.main(TINY + ["--compiled-methods", "ar", "--out", str(tmp_path / "check")])
     assert out["failures"] == [] and out["skipped"] == []
