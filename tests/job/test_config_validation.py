@@ -100,21 +100,44 @@ REFUSED = [
 ]
 
 
-@pytest.mark.parametrize("overrides, key", REFUSED, ids=[" ".join(o) for o, _ in REFUSED])
+# the command line's path is one for every refusal (``CheckBeforeRun`` -> ``one_line_errors``): three of
+# them run as a person types them, every one is checked in process (seconds of process start-up saved each)
+ON_THE_COMMAND_LINE = {"dataset.n_prompts=5001", "method.delta=nan", "shard.index=2 shard.count=2"}
+
+
+@pytest.mark.parametrize("overrides, key", [r for r in REFUSED if " ".join(r[0]) in ON_THE_COMMAND_LINE],
+                         ids=sorted(ON_THE_COMMAND_LINE, key=[" ".join(o) for o, _ in REFUSED].index))
 def test_refused_value_fails_fast_in_one_line(tmp_path, overrides, key):
     proc, wall, cpu = cli(tmp_path, *overrides)
     assert_refused(tmp_path, proc, wall, cpu, key, " ".join(overrides))
     assert proc.stderr.startswith("error: ") and "is invalid" in proc.stderr or "shard" in key
 
 
-@pytest.mark.parametrize("overrides, words", [
+@pytest.mark.parametrize("overrides, key", REFUSED, ids=[" ".join(o) for o, _ in REFUSED])
+def test_refused_value_names_its_key(overrides, key):
+    with pytest.raises(ConfigError) as e:
+        check_config(factories.compose(*overrides))
+    assert key in str(e.value) and ("is invalid" in str(e.value) or "shard" in key) and "\n" not in str(e.value)
+
+
+ROW_PARALLEL = [
     (["method=zipar", "target=lumina_mgpt"], "does not implement yet"),
     (["method=pjd", "deterministic.batch_invariant=true", "batch_size=2"], "not batch-invariant"),
     (["method=pjd", "compile=true"], "eagerly only"),
-])
-def test_row_parallel_refusals_are_one_line(tmp_path, overrides, words):
+]
+
+
+@pytest.mark.parametrize("overrides, words", ROW_PARALLEL, ids=[" ".join(o) for o, _ in ROW_PARALLEL])
+def test_row_parallel_refusals_name_the_method(overrides, words):
     """Row-parallel methods (docs/methods.md 8.1, 8.2) on a target without the forward they need, PJD
-    batched under batch invariance, and compiled: one line before any work."""
+    batched under batch invariance, and compiled: refused before any work."""
+    with pytest.raises(ConfigError) as e:
+        check_config(factories.compose(*overrides))
+    assert overrides[0] in str(e.value) and words in str(e.value)
+
+
+def test_a_row_parallel_refusal_is_one_line(tmp_path):
+    overrides, words = ROW_PARALLEL[0]
     proc, wall, cpu = cli(tmp_path, *overrides)
     assert_refused(tmp_path, proc, wall, cpu, overrides[0], " ".join(overrides))
     assert words in proc.stderr
