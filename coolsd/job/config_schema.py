@@ -203,7 +203,7 @@ def check_settings_apply(cfg, world_cls, overrides) -> None:
     keys = explicit_keys(overrides)
     if not keys:
         return
-    name, params = method_from_cfg(cfg)
+    name, _ = method_from_cfg(cfg)
     try:
         info = method_info(name)
     except ValueError:

@@ -362,19 +362,19 @@ def run_job(cfg, out_dir: Path, world=None) -> dict:
     returns its shard info; ``python -m coolsd.cli.merge`` writes the summary. Ctrl-C ends it in
     one line (``Interrupted``) that says what is kept and how to resume."""
     dir_key = "out_dir" if cfg.get("out_dir") else "hydra.run.dir"
+    world_cls = world_class(cfg.target.name) if world is None else type(world)
     # every range, the method's names, every missing file at once, the device and the output folder:
     # before anything loads
-    check_config(cfg, world_class(cfg.target.name) if world is None else type(world), out_dir, dir_key)
+    check_config(cfg, world_cls, out_dir, dir_key)
     try:
-        return _generate_and_summarise(cfg, out_dir, world, dir_key)
+        return _generate_and_summarise(cfg, out_dir, world, world_cls, dir_key)
     except KeyboardInterrupt:
         raise interrupted(out_dir, Shard.from_cfg(cfg).records_name, dir_key) from None
 
 
-def _generate_and_summarise(cfg, out_dir: Path, world, dir_key: str) -> dict:
+def _generate_and_summarise(cfg, out_dir: Path, world, world_cls, dir_key: str) -> dict:
     from omegaconf import OmegaConf
 
-    world_cls = world_class(cfg.target.name) if world is None else type(world)
     shard, batch, threads, invariant = job_settings(cfg)
     name, _ = method_from_cfg(cfg)
     digest = config_digest(cfg)

@@ -10,7 +10,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from coolsd.util.loading import BadInputFile, MissingInputFile
-from coolsd.util.records import sha256_file
+from coolsd.util.fingerprint import file_sha256
 
 REBUILD = "run `make toy-assets` to rebuild it"
 
@@ -25,16 +25,17 @@ def check_checksums(folder, manifest: str, files, what: str, rebuild: str) -> di
     if not path.is_file():
         raise MissingInputFile(f"{what} manifest {path} not found; {rebuild}")
     try:
-        sums = json.loads(path.read_text())["sha256"]
+        recorded = json.loads(path.read_text())
+        sums = recorded["sha256"]
     except (ValueError, KeyError, TypeError) as e:
         raise BadInputFile(f"{what} manifest {path} is unreadable ({type(e).__name__}); {rebuild}") from e
     for name in files:
         f = folder / name
         if not f.is_file():
             raise MissingInputFile(f"{what} {f} not found; {rebuild}")
-        if sha256_file(f) != sums.get(name):
+        if file_sha256(f) != sums.get(name):  # cached while the file is unchanged: the checks and the load hash once
             raise BadInputFile(f"{what} {f} are corrupted (sha256 differs from {manifest}); {rebuild}")
-    return json.loads(path.read_text())
+    return recorded
 
 
 def save_weights(path, tensors: dict, fmt: str, config_json: str) -> None:
