@@ -21,8 +21,11 @@ install: $(STAMP)
 run: $(STAMP)
 	$(VPY) run.py
 
+# the tests run in JOBS processes (pytest-xdist; each test file stays in one: its module fixtures are
+# built once); every test runs torch on one thread (tests/conftest.py), so 2 processes use 2 cores
+JOBS    ?= 2
 test: $(STAMP)
-	$(VPY) -m pytest -q --durations=20
+	$(VPY) -m pytest -q -n $(JOBS) --dist loadfile --durations=20
 
 theory: $(STAMP)
 	$(VPY) -m coolsd.theory
