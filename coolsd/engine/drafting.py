@@ -563,7 +563,7 @@ class PACDrafter(JacobiDrafter):
     def _sibling_base(p: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
         """(B, S, V): the distribution the siblings are drawn from without replacement: p with
         candidate 0 removed (so all candidates are draws without replacement from p)."""
-        return normalize(p.scatter(-1, cand.unsqueeze(-1), 0.0), torch.zeros_like(p))
+        return normalize(p.scatter(-1, cand.unsqueeze(-1), 0.0), 0.0)
 
 
 def _maximal_coupling(d, q, p, qd, pd, u_keep, u_next):

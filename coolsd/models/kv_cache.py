@@ -77,6 +77,7 @@ class KVCache:
             self._views()
         self.batch_size = batch_size
         self.device = torch.device(device)
+        self.slot_index = torch.arange(max_len, device=device)  # 0 .. max_len - 1, read as views
         self.dtype = dtype
         self.static = static
         # the most entries a sample ever commits, where the owner knows it (its prefix and every image
@@ -134,6 +135,7 @@ class KVCache:
             self.hidden_slots = torch.zeros(B, self.max_len, dtype=torch.bool, device=self.device)
             self.slot_pos = torch.full((B, self.max_len), NO_POSITION, dtype=torch.long, device=self.device)
         self.by_position = False  # set by the first forward given positions: commits then hide overwritten slots
+        self._hiding = False  # whether any slot may be hidden (set by a commit that hides, or by positions)
         self.n_pending = 0
         self._max_committed = 0  # host upper bound of int(length.max()), advanced by commit without a read
         self._same_length = True  # whether every sample's length is known on the host to equal the bound
@@ -160,20 +162,22 @@ class KVCache:
                 span = self._true_max() + P + m
                 if span > self.max_len:
                     self._grow(span)
-        slot = torch.arange(span, device=self.device)
-        rel = slot.unsqueeze(0) - self.length.unsqueeze(1)  # (B, span): pending index of slot
-        committed = (rel < 0) & ~self.hidden_slots[:, :span]
-        in_pending = (rel >= 0) & (rel < P + m)
-        att = attend.expand(B, m, P + m)
-        idx = rel.clamp(0, P + m - 1).unsqueeze(1).expand(B, m, span)
-        pending = torch.gather(att, 2, idx) & in_pending.unsqueeze(1)
-        slots = self.length.unsqueeze(1) + P + torch.arange(m, device=self.device)
+        rel = self.slot_index[:span].unsqueeze(0) - self.length.unsqueeze(1)  # (B, span): pending index of slot
+        committed = rel < 0
+        if self._hiding:  # some committed slot may be hidden (host-known: only commit(hide=) and positions hide)
+            committed = committed & ~self.hidden_slots[:, :span]
+        # attend padded with a False column either side: column 0 stands for every committed or
+        # free slot, so one gather reads the pending entries' attention and False elsewhere
+        att = F.pad(attend, (1, 1)).expand(B, m, P + m + 2)
+        idx = (rel.clamp(-1, P + m) + 1).unsqueeze(1).expand(B, m, span)
+        pending = torch.gather(att, 2, idx)
+        slots = self.length.unsqueeze(1) + self.slot_index[P : P + m]
         if positions is not None:
             if self.static:
                 raise ValueError("visibility by position (row-parallel decoding) needs the eager cache (compile=false)")
             positions = positions.to(self.device, torch.long).expand(B, m)
             self.slot_pos.scatter_(1, slots, positions)
-            self.by_position = True
+            self.by_position = self._hiding = True
             held = self.slot_pos[:, :span]
             replaced = (held.unsqueeze(2) == positions.unsqueeze(1)).any(2)  # a new entry takes this position
             seen = (committed & ~replaced).unsqueeze(1) & (held.unsqueeze(1) < positions.unsqueeze(2))
@@ -285,6 +289,7 @@ class KVCache:
         self.slot_pos.scatter_(1, dst, torch.where(valid, pos, torch.gather(self.slot_pos, 1, dst)))
 
     def _unhide(self, dst: torch.Tensor, valid: torch.Tensor, hide: Optional[torch.Tensor], K: int) -> None:
+        self._hiding = self._hiding or hide is not None
         h = torch.zeros_like(valid) if hide is None else hide[:, :K].to(self.device, torch.bool)
         old_h = torch.gather(self.hidden_slots, 1, dst)
         self.hidden_slots.scatter_(1, dst, torch.where(valid, h, old_h))
@@ -338,5 +343,6 @@ class KVCache:
         pos = torch.full((self.batch_size, new_len), NO_POSITION, dtype=torch.long, device=self.device)
         pos[:, :old_len] = self.slot_pos
         self.slot_pos = pos
+        self.slot_index = torch.arange(new_len, device=self.device)
 
 

@@ -111,6 +111,14 @@ class Rule:
         """Whether the rule emits p itself at a chain node of ``depth`` (lossless there)."""
         return False
 
+    @property
+    def siblings_in_batch(self) -> bool:
+        """Whether ``verify_tree`` may verify a depth's siblings in one pass: true where ``step`` is
+        this class's, i.e. f(x) and the residual come from ``accepted`` and ``residual``, which do
+        not depend on the draft (the residual chain of a depth is then the same whichever sibling
+        is accepted). A rule with its own ``step`` is walked sibling by sibling."""
+        return type(self).step is Rule.step
+
     def emitted(self, p: torch.Tensor, q: torch.Tensor, depth: int) -> torch.Tensor:
         """pi (..., V): the distribution of the token the rule emits at a chain node of ``depth``,
         marginalised over the draft x ~ q (p, q the target's and the drafter's distributions):
@@ -248,6 +256,11 @@ class LanternRule(Rule):
         zero = torch.zeros_like(q, dtype=torch.bool).scatter_(-1, self.nb_k1[x], True)
         q_mod = torch.where(zero & relaxed.unsqueeze(-1), torch.zeros_like(q), q)
         return f, torch.clamp(p_res - q_mod, min=0.0)
+
+    @property
+    def siblings_in_batch(self) -> bool:
+        """With G* resampling LANTERN's step is the base class's (``Rule.siblings_in_batch``)."""
+        return self.resample == "gstar" and type(self).step is LanternRule.step
 
     def residual(self, p_res, q, accepted):
         if self.resample != "gstar":

@@ -28,7 +28,8 @@ def warp_probs(
     if temperature == 0:
         out = torch.zeros_like(logits)
         return out.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-    logits = logits / temperature
+    if temperature != 1:  # x / 1 is x: no kernel
+        logits = logits / temperature
     V = logits.shape[-1]
     if 0 < top_k < V:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
@@ -42,24 +43,30 @@ def warp_probs(
     return logits.softmax(-1)
 
 
-def normalize(v: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
-    """Norm(v) = v / sum(v) along the last dim; rows without mass take ``fallback``. (Rows without
-    mass divide by their tiny or zero sum in the branch ``where`` discards: four kernels, no guard.)"""
+def normalize(v: torch.Tensor, fallback: torch.Tensor | float) -> torch.Tensor:
+    """Norm(v) = v / sum(v) along the last dim; rows without mass take ``fallback`` (a tensor, or a
+    number: 0.0 for an all-zero row). (Rows without mass divide by their tiny or zero sum in the
+    branch ``where`` discards: four kernels, no guard.)"""
     s = v.sum(-1, keepdim=True)
     return torch.where(s > _TINY, v / s, fallback)
 
 
-def sample_inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+def sample_inverse_cdf(probs: torch.Tensor, u: torch.Tensor | float) -> torch.Tensor:
     """Draw one token per row of ``probs`` (..., V) using uniforms ``u`` (...,) in [0, 1).
 
-    Zero-probability tokens are never returned (right-continuous inverse CDF).
+    Zero-probability tokens are never returned (right-continuous inverse CDF): the token is the
+    first i with cdf(i) > u * total, so cdf rises at i. Rounding can put u * total (u < 1) at the
+    total itself, where no cdf value exceeds it: the target is then the largest float below the
+    total, which gives the first token at which the cdf reaches its total (the last token with mass,
+    unless masses too small to change the float sum follow it). A row without mass gives the last
+    token (never verified: its q is 0). Six kernels, no flip of the row.
     """
     cdf = probs.cumsum(-1)
-    target = (u * cdf[..., -1]).unsqueeze(-1)
+    total = cdf[..., -1:]
+    u = u.unsqueeze(-1) if isinstance(u, torch.Tensor) else u  # (...,) or one number for every row
+    target = torch.minimum(u * total, torch.nextafter(total, total.new_zeros(())))
     idx = torch.searchsorted(cdf.contiguous(), target.contiguous(), right=True).squeeze(-1)
-    # rounding can put the target at the very end: take the last token with mass
-    last = probs.shape[-1] - 1 - torch.flip(probs > 0, dims=[-1]).to(torch.int8).argmax(-1)
-    return torch.minimum(idx, last)
+    return idx.clamp_(max=probs.shape[-1] - 1)
 
 
 def randomized_pit(probs, tokens, u, order: str = "rank"):
@@ -103,11 +110,13 @@ def sample_without_replacement(
     (..., k, V): for the j-th draw, the distribution it was drawn from (docs/methods.md#12-static-tree-drafting). Draws
     beyond the support get an all-zero conditional and must be skipped.
     """
-    rest, tokens, cond = probs, [], []
+    rest, tokens, rests = probs, [], []
     for j in range(k):
-        cond.append(normalize(rest, torch.zeros_like(rest)))
+        rests.append(rest)
         x = sample_inverse_cdf(rest, u[..., j])
         tokens.append(x)
         if j + 1 < k:
             rest = rest.scatter(-1, x.unsqueeze(-1), 0.0)
-    return torch.stack(tokens, -1), torch.stack(cond, -2)
+    # every draw's conditional normalised at once (each row as it would be alone: a row's sum
+    # over the vocabulary does not depend on the rows beside it)
+    return torch.stack(tokens, -1), normalize(torch.stack(rests, -2), 0.0)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from coolsd.engine.decoding.rules import Rule
+from coolsd.engine.decoding.rules import Rule, take
 from coolsd.engine.decoding.sampling import normalize, sample_inverse_cdf
 from coolsd.engine.decoding.trees import Tree
 
@@ -51,9 +51,11 @@ def verify_tree(
     rows = ar.unsqueeze(1)
     node = torch.zeros(B, dtype=torch.long, device=dev)
     p_res = p[:, 0]
-    searching = max_depth > 0
     D = tree.max_depth
-    path = torch.full((B, max(D, 1)), -1, dtype=torch.long, device=dev)
+    # deep[:, d] whether depth d + 1 may be verified (one op for every depth's test)
+    deep = max_depth.unsqueeze(1) > torch.arange(D, device=dev) if D else None
+    searching = deep[:, 0] if D else None
+    path = []
     # a rule that chooses each node's relaxation from the node's (p_res, q) (``Rule.chooses``)
     # chooses a chain's nodes in one call: on a chain a live sample's p_res at depth d is p at
     # node d - 1 and its draft is node d (node j at depth j); elsewhere sibling by sibling
@@ -64,6 +66,14 @@ def verify_tree(
     # read is the loop's). What a depth's siblings need that does not change while they are walked
     # (their nodes, tokens, draft rows, uniforms, whether each is verified at all) is gathered once
     # a depth; the sibling steps read views of it.
+    # a rule whose step is the base class's (``Rule.siblings_in_batch``) takes the per-depth form
+    # below: the residual chain a depth's siblings would walk if every one were rejected does not
+    # depend on the draws, so it is computed first (a few ops a sibling, in the same order and with
+    # the same kernels as the sibling-by-sibling walk: bit for bit the same p_res and f), and the
+    # depth's accept / reject outcome is then read off all siblings at once (the first verified
+    # sibling with u < f). A rule whose step depends on the draft (LANTERN's own resampling) walks
+    # the siblings one by one.
+    batched = rule.siblings_in_batch
     for d in range(1, D + 1):
         R = tree.level_max_children[d - 1]
         kids = tree.children[node, :R]  # (B, R); -1 where the node has fewer children
@@ -72,28 +82,49 @@ def verify_tree(
         x = torch.where(has, tokens.gather(1, c), 0)  # (the root's token may be no vocabulary id)
         qj = q[rows, c]  # (B, R, V)
         u = u_accept.gather(1, c)
+        qx = qj.gather(-1, x.unsqueeze(-1)).squeeze(-1)  # (B, R): q_j(x_j)
         # duplicates and q_j(x_j) <= 0 are skipped (docs/methods.md#13-verification-at-one-tree-depth-d)
-        verified = has & (qj.gather(-1, x.unsqueeze(-1)).squeeze(-1) > 0)
+        verified = has & (qx > 0)
         p_node = p[ar, node]  # an empty residual falls back to p at this node
-        open_ = searching  # still looking for an accepted sibling at this depth
-        for r in range(R):
-            live = open_ & verified[:, r]
-            if not chooses:
-                f, residual = rule.step(p_res, qj[:, r], x[:, r], d)
-            else:
-                f, residual = rule.step(p_res, qj[:, r], x[:, r], d,
-                                        choices[:, d - 1] if chain else rule.choose(p_res, qj[:, r]))
-            acc = live & (u[:, r] < f)
-            # acc is within live, and live within open_: ``^`` removes it
-            p_res = torch.where((live ^ acc).unsqueeze(-1), normalize(residual, p_node), p_res)
-            open_ = open_ ^ acc
-            node = torch.where(acc, c[:, r], node)
-        found = searching ^ open_
-        p_res = torch.where(found.unsqueeze(-1), p[ar, node], p_res)
-        path[:, d - 1] = torch.where(found, node, -1)
-        searching = found & (max_depth > d)
-    n_acc = (path[:, :D] >= 0).sum(1) if D else torch.zeros(B, dtype=torch.long, device=dev)
+        if batched:
+            verified = verified & searching.unsqueeze(1)  # a sample that stopped keeps its p_res
+            walk, a_x = p_res, []
+            for r in range(R):
+                choice = None if not chooses else choices[:, d - 1] if chain else rule.choose(walk, qj[:, r])
+                acc_r = rule.accepted(walk, qj[:, r], d) if choice is None else \
+                    rule.accepted(walk, qj[:, r], d, choice)
+                a_x.append(take(acc_r, x[:, r]))
+                rejected = normalize(rule.residual(walk, qj[:, r], acc_r), p_node)
+                walk = torch.where(verified[:, r].unsqueeze(-1), rejected, walk)
+            # f = min(1, a / q) where q > 0: for the verified siblings (q > 0) and u < 1, u < a / q
+            # decides as u < f does (the sibling walk's ``acceptance_prob``)
+            hit = verified & (u < torch.stack(a_x, 1) / qx)  # (B, R); the first hit is the accepted sibling
+            found = hit.any(1)
+            first = hit.to(torch.int8).argmax(1, keepdim=True)
+            node = torch.where(found, c.gather(1, first).squeeze(1), node)
+            p_res = torch.where(found.unsqueeze(-1), p[ar, node], walk)
+        else:
+            open_ = searching  # still looking for an accepted sibling at this depth
+            for r in range(R):
+                live = open_ & verified[:, r]
+                if not chooses:
+                    f, residual = rule.step(p_res, qj[:, r], x[:, r], d)
+                else:
+                    f, residual = rule.step(p_res, qj[:, r], x[:, r], d,
+                                            choices[:, d - 1] if chain else rule.choose(p_res, qj[:, r]))
+                acc = live & (u[:, r] < f)
+                # acc is within live, and live within open_: ``^`` removes it
+                p_res = torch.where((live ^ acc).unsqueeze(-1), normalize(residual, p_node), p_res)
+                open_ = open_ ^ acc
+                node = torch.where(acc, c[:, r], node)
+            found = searching ^ open_
+            p_res = torch.where(found.unsqueeze(-1), p[ar, node], p_res)
+        path.append(torch.where(found, node, -1))
+        if d < D:
+            searching = found & deep[:, d]
+    path = torch.stack(path, 1) if D else torch.empty(B, 0, dtype=torch.long, device=dev)
+    n_acc = (path >= 0).sum(1) if D else torch.zeros(B, dtype=torch.long, device=dev)
     emitted = sample_inverse_cdf(p_res, u_emit)
     if emit_allowed_after is not None:
         emitted = torch.where(n_acc < emit_allowed_after, emitted, torch.full_like(emitted, -1))
-    return Verdict(path[:, :D] if D else path[:, :0], n_acc, emitted, p_res, choices)
+    return Verdict(path, n_acc, emitted, p_res, choices)

@@ -224,17 +224,18 @@ class EagleHead(nn.Module):
         return self.fc.weight.device
 
     def rope_table(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``rope_table`` for this head's grid (made once; pass it to ``forward`` under torch.compile)."""
-        return rope_table(self.config, _compute_dtype(self.dtype), self.device, self.config.block_size + 64)
+        """``rope_table`` for this head's grid with a row of zeros first, the text slots' (made once;
+        pass it to ``forward`` under torch.compile): row i + 1 holds position i."""
+        cos, sin = rope_table(self.config, _compute_dtype(self.dtype), self.device, self.config.block_size + 64)
+        return F.pad(cos, (0, 0, 1, 0)), F.pad(sin, (0, 0, 1, 0))
 
     def rope(self, positions: torch.Tensor, table=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cos, sin) (B, m, head_dim/2) for logical positions; negative = text slot (zeros).
-        From ``rope_table`` (positions past the cache's end, never verified, are clamped)."""
+        """(cos, sin) (B, m, head_dim/2) for logical positions; negative = text slot (zeros, the
+        table's first row). From ``rope_table`` (positions past the cache's end, never verified,
+        are clamped)."""
         cos, sin = table if table is not None else self.rope_table()
-        at = positions.clamp(0, cos.shape[0] - 1)
-        cos, sin = cos[at], sin[at]
-        text = (positions < 0).unsqueeze(-1)
-        return cos.masked_fill(text, 0.0), sin.masked_fill(text, 0.0)
+        at = (positions + 1).clamp_(0, cos.shape[0] - 1)
+        return cos[at], sin[at]
 
     def forward(
         self,
