@@ -18,6 +18,7 @@ from coolsd.engine.decoding.sampling import normalize, sample_inverse_cdf, sampl
 from coolsd.engine.decoding.trees import Tree, pac_tree
 from coolsd.engine.host_reads import host_checks
 from coolsd.engine.model_protocol import ARModel, StepOut
+from coolsd.util.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -581,20 +582,17 @@ def _gumbel(u: torch.Tensor) -> torch.Tensor:
     return -torch.log(-torch.log(u))
 
 
-DRAFTERS: dict = {}  # drafter kind (a method's registered ``drafter``) -> factory
+# drafter kind (a method's registered ``drafter``) -> factory (``coolsd.util.registry``); facts:
+# ``jacobi`` (drafts from the target's own earlier samples, SJD's family) and ``row_parallel``
+# (decodes several image rows a forward, ``coolsd.engine.rows``)
+DRAFTERS = Registry("drafter kind", callables=True)
 
 
-def register_drafter(kind: str):
+def register_drafter(kind: str, *, jacobi: bool = False, row_parallel: bool = False):
     """Register the factory of a drafter kind: ``factory(method, draft_model, sampling, vocab_size,
-    token_range, grid_width)`` -> a drafter (``ModelDrafter``'s interface) or None (no drafts)."""
-
-    def deco(fn):
-        if kind in DRAFTERS:
-            raise ValueError(f"drafter kind {kind!r} registered twice")
-        DRAFTERS[kind] = fn
-        return fn
-
-    return deco
+    token_range, grid_width)`` -> a drafter (``ModelDrafter``'s interface) or None (no drafts);
+    ``jacobi`` / ``row_parallel``: the facts above (``MethodInfo.jacobi``, ``.row_parallel``)."""
+    return DRAFTERS.register(kind, jacobi=jacobi, row_parallel=row_parallel)
 
 
 def build_drafter(method, draft_model: Optional[ARModel], sampling: SamplingConfig, vocab_size: int,
@@ -603,9 +601,8 @@ def build_drafter(method, draft_model: Optional[ARModel], sampling: SamplingConf
     drafter, SJD-PAC's, or none (AR). ``grid_width``: the image grid's width in tokens (SJD's
     spatial inits; None: no grid)."""
     if method.drafter not in DRAFTERS:
-        raise ValueError(f"method {method.name!r}: unknown drafter kind {method.drafter!r}; "
-                         f"registered: {', '.join(sorted(DRAFTERS))}")
-    return DRAFTERS[method.drafter](method, draft_model, sampling, vocab_size, token_range, grid_width)
+        raise ValueError(f"method {method.name!r}: {DRAFTERS.unknown(method.drafter)}")
+    return DRAFTERS.get(method.drafter)(method, draft_model, sampling, vocab_size, token_range, grid_width)
 
 
 @register_drafter("none")
@@ -626,14 +623,14 @@ def _active(p: dict):
     return None if lo is None and hi is None else (lo or 0, hi if hi is not None else 1 << 62)
 
 
-@register_drafter("jacobi")
+@register_drafter("jacobi", jacobi=True)
 def _jacobi_drafter(method, draft_model, sampling, vocab_size, token_range, grid_width):
     p = method.params
     return JacobiDrafter(vocab_size, p["window"], token_range, _active(p), p.get("coupling"), p.get("init", "random"),
                          grid_width)
 
 
-@register_drafter("pac")
+@register_drafter("pac", jacobi=True)
 def _pac_drafter(method, draft_model, sampling, vocab_size, token_range, grid_width):
     p = method.params
     return PACDrafter(vocab_size, p["window"], p["tree_width"], p["tree_depth"], token_range, _active(p),

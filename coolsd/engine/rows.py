@@ -130,14 +130,14 @@ class RowParallel:
         return zipar_schedule(n_tokens // self.grid_width, self.grid_width, self.window)
 
 
-@register_drafter("rows")
+@register_drafter("rows", row_parallel=True)
 def _rows(method, draft_model, sampling, vocab_size, token_range, grid_width):
     if not grid_width:
         raise ValueError(f"method {method.name!r} decodes rows of an image grid; this target has no grid width")
     return RowParallel(method.params["window"], grid_width)
 
 
-@register_drafter("pjd")
+@register_drafter("pjd", row_parallel=True)
 def _pjd(method, draft_model, sampling, vocab_size, token_range, grid_width):
     if not grid_width:
         raise ValueError(f"method {method.name!r} decodes rows of an image grid; this target has no grid width")

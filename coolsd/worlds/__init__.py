@@ -6,37 +6,22 @@ outside the package registers when its file is included (``run.py --include PATH
 (docs/add_target.md)."""
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
-from coolsd.worlds.base import REGISTERED
+from coolsd.worlds.base import TARGETS
 from coolsd.worlds.files import require_files, with_local_files
 
 
-def _discover() -> dict:
-    """Every world of this package, registered by importing its modules (once)."""
-    if not getattr(_discover, "done", False):
-        for m in pkgutil.iter_modules(__path__):
-            importlib.import_module(f"{__name__}.{m.name}")
-        _discover.done = True
-    return REGISTERED
-
-
 def world_names() -> list[str]:
-    return sorted(_discover())
+    return TARGETS.names()
 
 
 def world_class(name: str):
     """The world class registered for target ``name``."""
-    worlds = _discover()
-    if name not in worlds:
-        raise ValueError(f"unknown target {name!r}; valid: {', '.join(world_names())}")
-    return worlds[name]
+    return TARGETS.get(name)
 
 
 def target_schemas() -> dict:
     """Schema name -> the target config dataclass of every registered world (``World.schema``)."""
-    return dict(cls.schema for cls in _discover().values() if cls.schema is not None)
+    return dict(cls.schema for _, cls in TARGETS.items() if cls.schema is not None)
 
 
 def load_world(cfg):

@@ -40,6 +40,7 @@ from coolsd.engine.loop import speculative_generate
 from coolsd.engine.methods import build_method
 from coolsd.engine.timing import device_sync
 from coolsd.prompts import load_prompts, prompt_file_dataset
+from coolsd.util.registry import Registry
 from coolsd.worlds.files import file_identity, run_missing_inputs
 from coolsd.worlds.presentation import (
     CONTINUOUS_COLUMNS,
@@ -58,7 +59,12 @@ class Sample(NamedTuple):
     image: Optional[np.ndarray]
 
 
-REGISTERED: dict[str, type] = {}  # target name -> world class: every subclass with ``targets`` registers itself
+
+
+# target name -> world class (``coolsd.util.registry``): every subclass with ``targets`` registers
+# itself; the package's own worlds (every module of ``coolsd.worlds``) are imported on the first
+# lookup; facts: family
+TARGETS = Registry("target", classes=True, discover="coolsd.worlds")
 
 
 class World(ABC):
@@ -72,10 +78,7 @@ class World(ABC):
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         for name in cls.__dict__.get("targets", ()):
-            if name in REGISTERED and REGISTERED[name].__qualname__ != cls.__qualname__:
-                raise ValueError(f"target {name!r} is registered twice: {REGISTERED[name].__module__}."
-                                 f"{REGISTERED[name].__qualname__} and {cls.__module__}.{cls.__qualname__}")
-            REGISTERED[name] = cls
+            TARGETS.add(name, cls, family=getattr(cls, "family", None))
 
     family: ClassVar[str]  # which methods run on it (coolsd.engine.methods.FAMILIES)
     makes_images: ClassVar[bool] = True
@@ -189,6 +192,9 @@ class World(ABC):
         n = max(1, int(self.decode_chunk))
         parts = [per_sample(self.decode_uint8, tokens[i : i + n]) for i in range(0, len(tokens), n)]
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+TARGETS.base = World  # every registered target is a World subclass
 
 
 def draft_kind(cfg, default: str, valid: tuple[str, ...], target: str, hint: str) -> str:

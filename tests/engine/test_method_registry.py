@@ -15,6 +15,7 @@ import pytest
 from coolsd.engine import loop  # noqa: F401  (registers the row-parallel drafter kinds)
 from coolsd.engine.drafting import DRAFTERS
 from coolsd.engine.methods import Param, check_params, method_info, method_names, method_params
+from coolsd.worlds import world_names
 from test_config_validation import cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,12 +115,16 @@ def test_a_method_from_outside_the_package_runs_in_the_lab():
     assert bad["accepted_length"] > ok["accepted_length"]
 
 
-def _name_lists(path: Path, names: set) -> list:
+def _name_lists(path: Path, names: set, registering: str = "") -> list:
     """(line, names) of every tuple / list / set literal in ``path`` holding two or more
-    registered method names as strings."""
+    registered names as strings, less those assigned to ``registering`` (a class's registration:
+    a world's ``targets``)."""
     out = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+    tree = ast.parse(path.read_text())
+    skip = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Assign) and registering
+            and any(isinstance(t, ast.Name) and t.id == registering for t in n.targets)}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and id(node) not in skip:
             found = [e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in names]
             if len(found) >= 2:
                 out.append((node.lineno, found))
@@ -147,6 +152,18 @@ def test_no_list_of_method_names_outside_the_registry():
     assert found == {}
     for path, what in NOT_METHOD_LISTS.items():
         assert what.split(".")[-1] in (ROOT / path).read_text(), f"{path}: {what} is gone: drop the entry"
+
+
+@pytest.mark.parametrize("what", ["targets", "drafter kinds"])
+def test_no_list_of_target_or_drafter_names_outside_their_registries(what):
+    """Targets and drafter kinds too (``TARGETS``, ``DRAFTERS``: ``coolsd.util.registry``): what a
+    drafter kind is (``jacobi``, ``row_parallel``) is a fact registered with it, and the only lists
+    of target names are the worlds' own ``targets`` (their registration). Before: ``MethodInfo``
+    kept the Jacobi and row-parallel drafter kinds as lists of names."""
+    names, registering = (set(world_names()), "targets") if what == "targets" else (set(DRAFTERS.names()), "")
+    found = {str(p.relative_to(ROOT)): lists for p in sorted((ROOT / "coolsd").rglob("*.py"))
+             if (lists := _name_lists(p, names, registering))}
+    assert found == {}
 
 
 def test_a_method_from_outside_the_package_is_a_curve_of_make_theory(tmp_path):

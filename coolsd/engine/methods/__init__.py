@@ -2,6 +2,7 @@
 from coolsd.engine.methods import ar, budget, cspd, eagle, gsd, lantern, pjd, relaxed, sjd, zipar  # noqa: F401  (registration)
 from coolsd.engine.methods.registry import (
                                      FAMILIES,
+                                     METHODS,
                                      Method,
                                      MethodInfo,
                                      Param,
@@ -16,5 +17,5 @@ from coolsd.engine.methods.registry import (
                                      register_method,
 )
 
-__all__ = ["FAMILIES", "Method", "MethodInfo", "Param", "ParamError", "build_method", "check_method", "check_params",
+__all__ = ["FAMILIES", "METHODS", "Method", "MethodInfo", "Param", "ParamError", "build_method", "check_method", "check_params",
            "method_families", "method_info", "method_names", "method_params", "register_method"]

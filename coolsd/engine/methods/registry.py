@@ -4,7 +4,8 @@ parameters with their types and valid values (``Param``; checked once, by ``chec
 any model loads), whether it is lossless, and which drafter runs it (a kind of
 ``coolsd.engine.drafting.DRAFTERS``: ``model``, ``jacobi``, ``pac`` or ``none``). Everything else that
 asks about methods (the config check, the drafter factory, the lab, the reports, the benchmarks)
-reads this registry; nothing keeps its own list of method names.
+reads this registry (``METHODS``, a ``coolsd.util.registry.Registry``); nothing keeps its own list
+of method names.
 
 Families: a ``discrete`` builder (token targets, ``coolsd.engine.loop``) returns (acceptance rule,
 tree or None: the configured tree), wrapped into a ``Method``; a ``continuous`` builder (diffusion-
@@ -26,6 +27,9 @@ import torch
 
 from coolsd.engine.decoding.rules import Rule
 from coolsd.engine.decoding.trees import EMPTY_TREE, Tree, make_tree
+from coolsd.engine import rows  # noqa: F401  (registers the row-parallel drafter kinds)
+from coolsd.engine.drafting import DRAFTERS
+from coolsd.util.registry import Registry, origin_of
 
 
 @dataclass
@@ -107,14 +111,18 @@ class MethodInfo:
     @property
     def jacobi(self) -> bool:
         """Drafts from the target itself, a window of its own earlier samples (SJD's family): its
-        ``window`` follows the draft length where a caller sets only that."""
-        return self.drafter in ("jacobi", "pac")
+        ``window`` follows the draft length where a caller sets only that (a fact of its drafter
+        kind, ``coolsd.engine.drafting.DRAFTERS``)."""
+        return self._drafter_fact("jacobi")
 
     @property
     def row_parallel(self) -> bool:
         """Decodes several image rows a forward (ZipAR, PJD: ``coolsd.engine.rows``): runs only on targets
-        whose forward sees by position (``World.row_parallel``), eagerly."""
-        return self.drafter in ("rows", "pjd")
+        whose forward sees by position (``World.row_parallel``), eagerly (a fact of its drafter kind)."""
+        return self._drafter_fact("row_parallel")
+
+    def _drafter_fact(self, fact: str) -> bool:
+        return self.drafter is not None and bool(DRAFTERS.entry(self.drafter).facts.get(fact))
 
     def is_lossless(self, params: Optional[dict] = None) -> bool:
         """Whether the method samples the target's distribution exactly with these parameters."""
@@ -153,7 +161,9 @@ class Method:
         return build_method("ar")
 
 
-_REGISTRY: dict[str, MethodInfo] = {}
+# name -> MethodInfo (``coolsd.util.registry``: origin, duplicates refused, listing); facts: families,
+# drafter kind, lossless (a bool or a function of the parameters)
+METHODS = Registry("method", base=MethodInfo)
 
 
 def register_method(name: str, families: Sequence[str] = ("discrete",), *, lossless: Union[bool, Callable] = False,
@@ -167,12 +177,11 @@ def register_method(name: str, families: Sequence[str] = ("discrete",), *, lossl
         raise ValueError(f"method {name!r}: unknown famil(ies) {sorted(unknown)}; valid: {', '.join(FAMILIES)}")
 
     def deco(fn):
-        if name in _REGISTRY:
-            raise ValueError(f"method {name!r} registered twice")
         spec = {k: v if isinstance(v, Param) else Param(v, kind=type(v) if v is not None else object, nullable=v is None)
                 for k, v in (params or {}).items()}
-        _REGISTRY[name] = MethodInfo(name, fn, tuple(families), spec, lossless, drafter if "discrete" in families else None,
-                                     tuple(checks), (fn.__doc__ or "").strip())
+        kind = drafter if "discrete" in families else None
+        info = MethodInfo(name, fn, tuple(families), spec, lossless, kind, tuple(checks), (fn.__doc__ or "").strip())
+        METHODS.add(name, info, origin=origin_of(fn), families=tuple(families), drafter=kind, lossless=lossless)
         return fn
 
     return deco
@@ -180,14 +189,12 @@ def register_method(name: str, families: Sequence[str] = ("discrete",), *, lossl
 
 def method_names(family: Optional[str] = None) -> list[str]:
     """Every registered method, or those of one family."""
-    return sorted(n for n, i in _REGISTRY.items() if family is None or family in i.families)
+    return METHODS.names() if family is None else METHODS.names(families=lambda f: family in f)
 
 
 def method_info(name: str) -> MethodInfo:
     """The registry entry of ``name`` (a ValueError listing the valid names if there is none)."""
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown method {name!r}; valid names: {', '.join(method_names())}")
-    return _REGISTRY[name]
+    return METHODS.get(name)
 
 
 def method_families(name: str) -> tuple[str, ...]:
