@@ -3,7 +3,9 @@ pairs: the COOL-SD trade-off (Prop. 2: annealed omega beats uniform at equal acc
 computed exactly, with no sampling noise; the training-free parallel decoders (SJD, MC-SJD, GSD)
 beside them from sampled runs of the production loop (``SAMPLED_CURVES``). Any registered method,
 one from outside the package included, joins as a curve of its own: ``python -m coolsd.theory
---include PATH --curve NAME KEY=V1,V2,...`` (exact where ``exact_stats`` covers it, else sampled)."""
+--include PATH --curve NAME KEY=V1,V2,...`` (exact where ``exact_stats`` covers it, else sampled).
+``--check NAME [KEY=V ...]`` instead samples the method's rule and holds its emitted tokens
+against the rule's ``emitted()`` (``coolsd.theory.contract``); exit status 1 if they differ."""
 from __future__ import annotations
 
 import argparse
@@ -14,6 +16,7 @@ import pandas as pd
 
 from coolsd.engine import plugins
 from coolsd.engine.methods import check_params, method_info
+from coolsd.theory.contract import check_emitted, report
 from coolsd.theory.lab import exact_stats, has_exact_stats, sample_stats
 from coolsd.theory.stats import total_variation
 from coolsd.theory.tabular import TabularAR
@@ -99,6 +102,34 @@ def parse_curve(words: list[str]) -> tuple[str, list[dict]]:
         raise ValueError(f"--curve {name}: the swept keys list different numbers of values: {cols}")
     points = [{k: v[i] if len(v) > 1 else v[0] for k, v in cols.items()} for i in range(n)]
     return " ".join(words), points
+
+
+def run_checks(ap, include: list, checks: list[list[str]]) -> int:
+    """``--check``: each method's rule contract (``coolsd.theory.contract.check_emitted``), printed;
+    0 if every rule's emitted tokens follow its ``emitted()``, else 1."""
+    try:
+        plugins.load(include)
+        todo = []
+        for words in checks:
+            name, params = words[0], {}
+            for spec in words[1:]:
+                key, eq, value = spec.partition("=")
+                if not eq:
+                    raise ValueError(f"--check {name}: {spec!r} is not KEY=VALUE")
+                params[key] = parse_value(value)
+            check_params(name, params)
+            todo.append((name, params))
+    except (ValueError, ConfigError) as e:
+        ap.error(str(e))
+    ok = True
+    for name, params in todo:
+        try:
+            result = check_emitted(name, **params)
+        except ValueError as e:
+            ap.error(str(e))
+        print(report(result))
+        ok &= result["ok"]
+    return 0 if ok else 1
 
 
 def parse_value(text: str):
@@ -192,7 +223,12 @@ def main(argv=None):
                     help="a Python file or folder of them that registers methods (coolsd.engine.plugins)")
     ap.add_argument("--curve", action="append", nargs="+", default=[], metavar="WORD",
                     help="NAME KEY=V1,V2,...: a curve of any registered method (repeatable)")
+    ap.add_argument("--check", action="append", nargs="+", default=[], metavar="WORD",
+                    help="NAME [KEY=V ...]: sample the method's rule and test its emitted tokens against its "
+                         "emitted() (repeatable; no sweep runs; exit status 1 if any differs)")
     a = ap.parse_args(argv)
+    if a.check:
+        raise SystemExit(run_checks(ap, a.include, a.check))
 
     try:
         plugins.load(a.include)
