@@ -98,7 +98,7 @@ class TabularWorld(World):
 
     def __init__(self, cfg):
         t = cfg.target
-        self.name, self.device = "tabular", "cpu"
+        self.name, self.device = str(t.name), "cpu"  # the configured name (a subclass's own, docs/add_target.md)
         self.lab = {k: t[k] for k in ("vocab", "length", "draft_mix", "concentration")}
         self.n_samples = int(t.n_samples)
         self._first = self.prompts(cfg)[0]

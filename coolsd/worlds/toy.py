@@ -173,12 +173,14 @@ class ToyWorld(DiscreteWorld):
 
     @classmethod
     def load(cls, cfg) -> "ToyWorld":
-        kind = draft_kind(cfg, "shipped", DRAFTS, "toy", "its shipped drafter (draft=toy), itself (draft=self) or an "
+        kind = draft_kind(cfg, "shipped", DRAFTS, cfg.target.name, "its shipped drafter (draft=toy), itself (draft=self) or an "
                           "EAGLE folder (draft=llamagen_xl draft.path=...)")
         return cls(load_toy_assets(cfg.target.get("assets")), cfg, kind)
 
     def __init__(self, assets, cfg, draft: str):
-        self.name, self.assets, self.draft_kind = "toy", assets, draft
+        # the configured name: a world subclassing this one under another target name (an included
+        # file, docs/add_target.md) records its own name, never "toy"
+        self.name, self.assets, self.draft_kind = str(cfg.target.name), assets, draft
         self.assets_dir = cfg.target.get("assets")  # None: the shipped weights
         self.cfg_scale = float(cfg.target.cfg_scale)
         self.sampling = SamplingConfig.resolve(cfg.target.get("sampling"), cfg.get("sampling"))

@@ -3,8 +3,9 @@
 * a search-path plugin that puts the repository's ``experiments/`` folder on the config search
   path, so ``python run.py -m +experiment=<name>`` finds the sweep configs from any working
   directory (a relative ``hydra.searchpath`` entry would resolve against the cwd);
-* a search-path plugin that loads methods from outside the package (``COOLSD_INCLUDE``,
-  ``coolsd.engine.plugins``) and puts their config folders on the search path;
+* a search-path plugin that loads methods and targets from outside the package (``COOLSD_INCLUDE``,
+  ``coolsd.engine.plugins``), stores the included targets' schemas and puts their config folders on
+  the search path;
 * the ``coolsd_log_name`` resolver (conf/config.yaml ``hydra.job_logging``): one job log per shard;
 * ``MergeHint``, a callback (conf/config.yaml ``hydra.callbacks``) that prints, on the console
   of the command that launched a multirun, the ``python -m coolsd.cli.merge`` command of every sharded
@@ -60,6 +61,12 @@ class CoolsdIncludeSearchPath(SearchPathPlugin):
                 raise
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
+        # a world from an included file registered its target schema (``World.schema``) after the
+        # schema plugin filled the ConfigStore: store the schemas again, so that its conf file's
+        # defaults list finds it when Hydra composes (next, after the search path is set)
+        from coolsd.job.config_schema import register_schemas
+
+        register_schemas()
         for conf in confs:
             search_path.append(provider="coolsd-include", path=f"file://{conf}")
 

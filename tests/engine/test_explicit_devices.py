@@ -49,9 +49,11 @@ TORCH_DIR = os.path.dirname(torch.__file__)
 
 def discrete_targets() -> list[str]:
     """One target name per world class that decodes through the loop (``DiscreteWorld``; the first
-    registered name)."""
+    registered name) of the package (a world a test included is not one of them)."""
     seen: dict = {}
     for name in world_names():
+        if not world_base.TARGETS.entry(name).builtin:
+            continue
         cls = world_class(name)
         if issubclass(cls, world_base.DiscreteWorld) and cls not in seen:
             seen[cls] = name

@@ -12,7 +12,7 @@ import torch
 
 from coolsd.engine import plugins
 from coolsd.engine.decoding.rules import ExactRule, acceptance_prob, take
-from coolsd.engine.methods import method_names, register_method
+from coolsd.engine.methods import method_info, method_names, register_method
 from coolsd.theory.contract import check_emitted, report
 from coolsd.theory.lab import _method
 from coolsd.theory.tabular import TabularAR
@@ -38,14 +38,16 @@ def _step_only(ctx):
 
 
 def _with_rule() -> list[str]:
-    plugins.load([PLUGIN])  # power_rsd, a rule from outside the package
+    """Every method of the package with an acceptance rule, and ``power_rsd`` (from outside it,
+    loaded by the test: collection registers nothing)."""
     lab = TabularAR.random(4, 2, seed=0)
     return [n for n in method_names("discrete")
-            if not n.startswith("_") and _method(lab, n, 3, "chain", {}).rule is not None]
+            if method_info(n).builtin and _method(lab, n, 3, "chain", {}).rule is not None] + ["power_rsd"]
 
 
 @pytest.mark.parametrize("method", _with_rule())
 def test_every_registered_rule_emits_what_it_says(method):
+    plugins.load([PLUGIN])
     result = check_emitted(method)
     assert result["ok"], report(result)
     assert len([c for c in result["cases"] if not c.skipped]) == 12
