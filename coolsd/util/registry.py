@@ -52,9 +52,14 @@ class Entry:
     def doc(self) -> str:
         """The first line of the object's ``doc`` (an entry object that carries its builder's
         docstring, ``MethodInfo``) or docstring ('' if none)."""
-        d = self.obj.doc if isinstance(getattr(self.obj, "doc", None), str) else \
-            inspect.getdoc(self.obj) if callable(self.obj) or inspect.isclass(self.obj) else None
-        return (d or "").strip().splitlines()[0] if d else ""
+        if isinstance(getattr(self.obj, "doc", None), str):
+            d = self.obj.doc
+        elif inspect.isclass(self.obj):
+            d = self.obj.__dict__.get("__doc__")  # its own, not a base class's
+        else:
+            d = getattr(self.obj, "__doc__", None) if callable(self.obj) else None
+        d = inspect.cleandoc(d) if d else ""
+        return d.splitlines()[0] if d else ""
 
 
 def _where(path: Optional[str], line: Optional[int]) -> str:
