@@ -1,6 +1,6 @@
 """coolsd entry point: `python run.py method=coolsd method.delta=2.0` (Hydra overrides).
 `--include PATH` (a Python file or a folder of them) registers methods from outside the
-package first (``coolsd.engine.plugins``; docs/add_method.md). `--list methods|targets|drafters|trees`
+package first (``coolsd.engine.plugins``; docs/add_method.md). `--list methods|targets|drafters|trees|metrics|protocols`
 prints what can be chosen, with every method parameter's default and valid values (``coolsd.cli.listing``).
 
 A wrong configuration or input stops with one or two lines naming the key or file and exit
@@ -23,7 +23,7 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     sys.argv = include_from_argv(sys.argv)
-    listed = list_from_argv(sys.argv[1:])  # --list methods|targets|drafters|trees: print and stop
+    listed = list_from_argv(sys.argv[1:])  # --list methods|...|metrics|protocols: print and stop
     if listed is not None:
         sys.exit(listed)
     main()

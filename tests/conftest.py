@@ -1,6 +1,7 @@
 """Shared fixtures: ``compose`` (the job config of some overrides), tiny worlds by name (files of
-the real classes in the official layouts, built once per session: ``world_overrides``), and the
-theory lab's pair. The factories behind them are in ``factories.py``."""
+the real classes in the official layouts, built once per session: ``world_overrides`` and each
+target's files fixture, from the declarations of the target test modules, ``target_contract.py``),
+and the theory lab's pair. The shared factories are in ``factories.py``."""
 import sys
 from pathlib import Path
 
@@ -20,6 +21,7 @@ for _d in [TESTS, *sorted(p for p in TESTS.iterdir() if p.is_dir() and any(p.glo
 torch.set_num_threads(1)
 
 import factories  # noqa: E402
+import target_contract  # noqa: E402
 from coolsd.theory import TabularAR  # noqa: E402
 
 
@@ -65,37 +67,21 @@ def _built_once(folder: str, build):
     return fixture
 
 
-llamagen_files = _built_once("llamagen", factories.write_llamagen_files)
-lumina_files = _built_once("lumina", factories.write_lumina_files)
-mar_files = _built_once("mar", factories.write_mar_files)
-xar_files = _built_once("xar", factories.write_xar_files)
-harmon_files = _built_once("harmon", factories.write_harmon_files)
-janus_files = _built_once("janus", factories.write_janus_files)
-emu3_files = _built_once("emu3", factories.write_emu3_files)
-toy_continuous_assets = _built_once("continuous_assets", factories.build_tiny_toy_continuous)
+# Every target's tiny files, as the session fixture its test module declares (``files_fixture``,
+# tests/target_contract.py): built once, on first use, whichever test asks first
+DECLARED = target_contract.declarations()
+for _cls in dict.fromkeys(DECLARED.values()):
+    if _cls.files_fixture:
+        globals()[_cls.files_fixture] = _built_once(_cls.files_fixture, _cls.files)
 
 
 @pytest.fixture(scope="session")
 def world_overrides(request):
-    """name -> the Hydra overrides that run registered world ``name`` on tiny files (built on
-    first use); the toy world runs its shipped weights."""
+    """name -> the Hydra overrides that run declared target ``name`` on its tiny files (built on
+    first use; tests/target_contract.py)."""
     def get(name: str) -> list[str]:
-        if name in ("llamagen_xl", "llamagen_xl_512"):
-            return [f"target={name}", *factories.llamagen_overrides(request.getfixturevalue("llamagen_files"))]
-        if name == "lumina_mgpt":
-            return [f"target={name}", *factories.lumina_overrides(request.getfixturevalue("lumina_files"))]
-        if name in ("mar_h", "mar_l"):
-            return [f"target={name}", *factories.mar_overrides(request.getfixturevalue("mar_files"))]
-        if name in ("xar_h", "xar_l"):
-            return [f"target={name}", *factories.xar_overrides(request.getfixturevalue("xar_files"))]
-        if name == "harmon_1_5b":
-            return [f"target={name}", *factories.harmon_overrides(request.getfixturevalue("harmon_files"))]
-        if name in ("janus_pro", "janus_pro_7b"):
-            return [f"target={name}", *factories.janus_overrides(request.getfixturevalue("janus_files"))]
-        if name == "emu3":
-            return [f"target={name}", *factories.emu3_overrides(request.getfixturevalue("emu3_files"))]
-        if name == "toy_continuous":
-            return [f"target={name}", *factories.toy_continuous_overrides(request.getfixturevalue("toy_continuous_assets"))]
-        return [f"target={name}"]
+        cls = DECLARED[name]
+        files = request.getfixturevalue(cls.files_fixture) if cls.files_fixture else None
+        return [f"target={name}", *cls.overrides(files)]
 
     return get

@@ -4,8 +4,10 @@ continuous weights, the in-memory tiny models of the model tests (LlamaGen GPT a
 variants, Chameleon LM and VQGAN, MAR and its DiffLoss head, xAR, Harmon, and transformers' own
 Janus-Pro and Emu3-Gen classes in miniature) and their random inputs, the tiny metric networks
 (CLIP, Inception-v3, moment features; ``tiny_models`` re-exports them), and the Hydra overrides
-that point a world at its tiny files (``world_overrides``). conftest.py turns them into
-fixtures. Each tiny component is built here only: a test that needs one imports it."""
+that point a world at its tiny files. Each target's test module declares which files and overrides
+its world runs on (``target_contract.TargetContract``), and conftest.py turns the declarations into
+fixtures (``world_overrides``, ``<family>_files``). Each tiny component is built here only: a test
+that needs one imports it; one only its own target's module needs may stay in that module."""
 from __future__ import annotations
 
 import argparse
@@ -484,7 +486,7 @@ def toy_continuous_overrides(assets: Path) -> list[str]:
 
 
 def tiny_metric_scorers(tmp_path: Path, protocol: str = "lantern") -> dict:
-    """``evaluate_run`` keyword arguments for a real-target report on tiny files: a tiny random
+    """``evaluate_run`` keyword arguments (scorers, protocol) for a real-target report on tiny files: a tiny random
     CLIP (``protocol`` "lantern": our ``ClipScorer``; "sjd": torchmetrics' ``CLIPScore``), moment
     features instead of Inception, reference statistics of three random COCO-named JPEGs (numbers
     meaningless; the reports' layout is what such tests check)."""
@@ -493,6 +495,7 @@ def tiny_metric_scorers(tmp_path: Path, protocol: str = "lantern") -> dict:
 
     from coolsd.metrics.clip_score import ClipScorer
     from coolsd.metrics.clip_torchmetrics import TorchmetricsClipScorer
+    from coolsd.metrics.image_metrics import ClipMetric, FidMetric
     from coolsd.metrics.reference import reference_statistics
 
     coco = tmp_path / "val2017"
@@ -510,9 +513,8 @@ def tiny_metric_scorers(tmp_path: Path, protocol: str = "lantern") -> dict:
         clip = TorchmetricsClipScorer.from_pretrained(clip_dir)
     else:
         clip = ClipScorer.from_pretrained(clip_dir)
-    return {"clip": clip, "inception": feats, "protocol": protocol,
-            "reference": reference_statistics(sorted(coco.glob("*.jpg")), feats, tmp_path / "cache", "w"),
-            "fid_resamples": 5}
+    reference = reference_statistics(sorted(coco.glob("*.jpg")), feats, tmp_path / "cache", "w")
+    return {"scorers": {"clip_score": ClipMetric(clip), "fid": FidMetric(feats, reference, 5)}, "protocol": protocol}
 
 
 # ------------------------------------------------------------------------------ metric networks

@@ -26,9 +26,10 @@ from typing import Optional
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
-from coolsd.cli.evaluate import INPUT_FLAGS, METRICS, fill_defaults, input_needs
+from coolsd.cli.evaluate import fill_defaults, input_flags, input_needs
 from coolsd.cli.runner import compose, one_line_errors
 from coolsd.metrics.protocols import check_protocol
+from coolsd.metrics.registry import evaluate_metrics
 from coolsd.util import hub
 from coolsd.util.errors import ConfigError, InputError
 from coolsd.worlds import world_class
@@ -51,9 +52,10 @@ def split_args(argv) -> tuple[list[str], list[str], str, bool]:
             protocol = value
         else:
             overrides.append(o)
-    unknown = sorted(set(metrics) - set(METRICS))
+    valid = evaluate_metrics()
+    unknown = sorted(set(metrics) - set(valid))
     if unknown:
-        raise ConfigError(f"metrics: unknown metric(s) {unknown}; valid: {', '.join(METRICS)}")
+        raise ConfigError(f"metrics: unknown metric(s) {unknown}; valid: {', '.join(valid)}")
     if not metrics and not any(o.startswith("target=") for o in overrides):
         raise ConfigError("nothing to fetch: give target=<name> (and draft=..., Hydra overrides) and/or metrics=a,b")
     return overrides, metrics, check_protocol(protocol), a.dry_run
@@ -69,7 +71,7 @@ def needs(overrides: list[str], metrics: list[str], protocol: str = "lantern") -
             raise ConfigError(f"{' '.join(overrides)}: {str(e).strip().splitlines()[0]}") from None
         out += world_class(cfg.target.name).needs(cfg)
     if metrics:
-        a = Namespace(run=None, protocol=protocol, **{f[2:].replace("-", "_"): None for f in INPUT_FLAGS})
+        a = Namespace(run=None, protocol=protocol, **{f[2:].replace("-", "_"): None for f in input_flags()})
         fill_defaults(a)
         out += [n for n in input_needs(a, metrics) if n.key.startswith("--")]
     return out

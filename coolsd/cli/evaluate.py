@@ -36,30 +36,29 @@ from pathlib import Path
 import numpy as np
 
 from coolsd.cli.runner import one_line_errors
-from coolsd.metrics.clip_score import CLIP_HF_REPO, ClipScorer, snapshot_dir
-from coolsd.metrics.clip_torchmetrics import SJD_CLIP_HF_REPO, TorchmetricsClipScorer
-from coolsd.metrics.fid import bootstrap_fid_ci
+from coolsd.engine import plugins
+from coolsd.metrics.clip_score import snapshot_dir
 from coolsd.metrics.image_prep import load_rgb
-from coolsd.metrics.image_reward import INSTALL, SOURCE as IR_SOURCE, ImageRewardScorer
-from coolsd.metrics.inception import FID_PROTOCOLS, InceptionFeatureExtractor, default_inception_path
 from coolsd.metrics.numerics import check_device, default_device, metric_numerics
-from coolsd.metrics.protocols import (
-    DESCRIPTION,
-    INPUTS,
-    PARTI_SOURCE,
+from coolsd.metrics.protocols import PARTI_SOURCE, check_parti_captions, check_protocol, read_parti_prompts
+from coolsd.metrics.registry import (
     PROTOCOLS,
-    check_parti_captions,
-    check_protocol,
-    read_parti_prompts,
+    EvalContext,
+    InputSpec,
+    Scorer,
+    evaluate_metrics,
+    every_input_spec,
+    metric,
+    protocol_inputs,
 )
-from coolsd.metrics.reference import COCO_IMAGES_SOURCE, coco_image_files, reference_statistics
 from coolsd.util import hub
 from coolsd.util.errors import ConfigError, InputError
 from coolsd.util.records import image_problems, images_mismatch, read_records, write_json_atomic
-from coolsd.util.stats import mean_ci
-from coolsd.worlds.files import DOWNLOAD, Need, file_identity, require_inputs
+from coolsd.worlds.files import DOWNLOAD, Need, require_inputs
 
-METRICS = ("clip_score", "fid", "image_reward")
+CHUNK = 64  # images decoded and scored at once
+PARTI = InputSpec("--parti-tsv", "PartiPrompts.tsv: the run was generated on PartiPrompts (CLIP-like metrics only)",
+                  "PartiPrompts TSV", PARTI_SOURCE, optional=True)
 
 
 RUN_RECORDS = "samples.jsonl"  # a run's (or a merged run's) records; evaluate reads them, never writes them
@@ -100,127 +99,100 @@ def run_images(run_dir: Path) -> dict[str, list[dict]]:
     return {t: sorted(rs, key=lambda r: r["prompt_index"]) for t, rs in by_tag.items()}
 
 
-def evaluate_run(run_dir, *, clip=None, image_reward=None, inception=None, reference=None,
-                 fid_resamples: int = 100, protocol: str = "lantern", parti_tsv=None) -> dict:
-    """Metrics of every method tag of a run. ``clip``: a ``ClipScorer`` (lantern) or
-    ``TorchmetricsClipScorer`` (sjd); ``image_reward``: an ``ImageRewardScorer``; ``inception`` +
-    ``reference`` = (mu, sigma, n): FID. Each is optional (a metric whose scorer is None is not
-    computed). ``protocol`` is recorded with every number; ``parti_tsv``: the run's prompts are
-    checked to be that PartiPrompts file's (no FID on PartiPrompts: it has no reference images)."""
-
-
+def evaluate_run(run_dir, scorers: dict, protocol: str = "lantern", parti_tsv=None) -> dict:
+    """Metrics of every method tag of a run. ``scorers``: {metric name: ``Scorer``} (``build_scorers``);
+    ``protocol`` is recorded with every number, and a scorer that computes another protocol's recipe
+    is refused (the label must be what computed the number); ``parti_tsv``: the run's prompts are
+    checked to be that PartiPrompts file's, and a metric that cannot score PartiPrompts (FID: no
+    reference images) is refused."""
     check_protocol(protocol)
-    fid_owner = {v["protocol"]: k for k, v in FID_PROTOCOLS.items()}.get(getattr(inception, "protocol", None))
-    for what, owner in (("CLIP scorer", getattr(clip, "protocol", None)), ("FID extractor", fid_owner)):
-        if owner is not None and owner != protocol:  # the label must be what computed the number
-            raise ValueError(f"the {what} computes the {owner!r} protocol, not {protocol!r}; build the scorers "
-                             f"with build_scorers(..., protocol={protocol!r})")
+    for name, sc in scorers.items():
+        if sc.protocol is not None and sc.protocol != protocol:
+            raise ValueError(f"the {name} scorer computes the {sc.protocol!r} protocol, not {protocol!r}; build the "
+                             f"scorers with build_scorers(..., protocol={protocol!r})")
     run_dir = Path(run_dir)
     by_tag = run_images(run_dir)
     if parti_tsv is not None:
-        if inception is not None:
-            raise ValueError("FID on PartiPrompts: it has no reference images (the SJD papers report only CLIP "
-                             "score there); use --metrics clip_score")
+        cannot = [metric(n).header for n in scorers if "parti" not in metric(n).prompt_sets]
+        if cannot:
+            raise ValueError(f"{', '.join(cannot)} on PartiPrompts: it has no reference images (the SJD papers report "
+                             "only CLIP score there); use --metrics clip_score")
         check_parti_captions(by_tag, read_parti_prompts(parti_tsv), parti_tsv)
     out = {"run": str(run_dir), "protocol": protocol, "per_method": {}, "per_sample": {}}
-    tagged = {"protocol": protocol}
+    pixels = {n: sc for n, sc in scorers.items() if sc.pixels}
     for tag, recs in by_tag.items():
         paths = [run_dir / r["image"] for r in recs]
         captions = [r["caption"] for r in recs]
         res, samples = {"n": len(recs)}, {"prompt_index": [r["prompt_index"] for r in recs]}
-        scores, feats = [], []
-        if clip is not None or inception is not None:  # each PNG decoded once, 64 at a time
-            for s in range(0, len(paths), 64):
-                imgs = [load_rgb(p) for p in paths[s:s + 64]]
-                if clip is not None:
-                    scores.append(clip.score(imgs, captions[s:s + 64]))
-                if inception is not None:
-                    feats.append(inception(imgs))
-        if clip is not None:
-            sc = np.concatenate(scores)
-            res["clip_score"], samples["clip_score"] = {**mean_ci(sc), **tagged}, sc.tolist()
-            if protocol == "sjd":  # CLIPScore.compute(): the mean of 100 cos, clamped at 0
-                res["clip_score"]["torchmetrics_value"] = max(float(sc.mean()), 0.0)
-        if image_reward is not None:
-            sc = image_reward.score(paths, captions)
-            res["image_reward"], samples["image_reward"] = mean_ci(sc), sc.tolist()
-        if inception is not None:
-            mu_r, sig_r, n_ref = reference
-            feats = np.concatenate(feats)
-            if len(feats) >= 2:
-                res["fid"] = {**bootstrap_fid_ci(feats, mu_r, sig_r, n_resamples=fid_resamples), "n_ref": n_ref,
-                              **tagged}
+        values: dict[str, list] = {n: [] for n in scorers}
+        for s in range(0, len(paths), CHUNK) if pixels else ():  # each PNG decoded once
+            imgs = [load_rgb(p) for p in paths[s:s + CHUNK]]
+            for n, sc in pixels.items():
+                values[n].append(sc.score(imgs, captions[s:s + CHUNK]))
+        for n, sc in scorers.items():
+            v = np.concatenate(values[n]) if sc.pixels else sc.score(paths, captions)
+            entry, per_sample = sc.summarize(np.asarray(v))
+            if entry is not None:
+                res[n] = {**entry, "protocol": protocol}
+            if per_sample is not None:
+                samples[n] = per_sample
         out["per_method"][tag] = res
         out["per_sample"][tag] = samples
     return out
 
 
-def build_scorers(metrics, *, clip=None, inception=None, coco_images=None, ir_checkpoint=None, ir_med_config=None,
-                  ir_python=None, device=None, cache_dir=Path("outputs/cache"), fid_resamples: int = 100,
-                  protocol: str = "lantern") -> dict:
-    """The keyword arguments of ``evaluate_run`` for the named metrics under ``protocol``, every
-    network loaded (and the FID reference statistics computed or read from the cache) once, on
-    ``device`` (None: ``numerics.default_device()``, cuda when available)."""
-
+def build_scorers(metrics, *, device=None, cache_dir=Path("outputs/cache"), fid_resamples: int = 100,
+                  protocol: str = "lantern", **inputs) -> dict[str, Scorer]:
+    """{name: ``Scorer``} of the named metrics under ``protocol``, every network loaded (and the FID
+    reference statistics computed or read from the cache) once, on ``device`` (None:
+    ``numerics.default_device()``, cuda when available). ``inputs``: every input's value by its
+    destination name (``clip``, ``inception``, ``coco_images``, ...; local paths); an input not given
+    takes its default (``InputSpec.default``: the torch hub cache of the Inception weights)."""
     device = default_device() if device is None else device
-    kw = {"fid_resamples": fid_resamples, "protocol": check_protocol(protocol)}
-    if "clip_score" in metrics:
-        Scorer = TorchmetricsClipScorer if protocol == "sjd" else ClipScorer
-
-        kw["clip"] = Scorer.from_pretrained(clip, device=device)
-    if "image_reward" in metrics:
-        kw["image_reward"] = ImageRewardScorer(ir_checkpoint, ir_med_config, ir_python, device=device)
-    if "fid" in metrics:
-        files = coco_image_files(coco_images)
-        kw["inception"] = InceptionFeatureExtractor.from_file(inception, device=device, fid_protocol=protocol)
-        path = inception or default_inception_path(FID_PROTOCOLS[protocol]["weights_name"])
-        weights = json.dumps(file_identity(path), sort_keys=True)
-        kw["reference"] = reference_statistics(files, kw["inception"], cache_dir, weights)
-    return kw
-
-
-# flag -> (help, metrics that need it); the environment variable of its default, the input's name in
-# errors and its source depend on the protocol for --clip / --inception (coolsd.metrics.protocols.INPUTS)
-INPUT_FLAGS = {
-    "--clip": ("local CLIP folder: openai/clip-vit-base-patch32 (lantern) or -patch16 (sjd)", ("clip_score",)),
-    "--inception": ("FID Inception weights: weights-inception-2015-12-05-6726825d.pth (lantern) or "
-                    "pt_inception-2015-12-05-6726825d.pth (sjd) (default: torch hub cache)", ("fid",)),
-    "--coco-images": ("COCO val2017/ folder (FID's reference images)", ("fid",)),
-    "--parti-tsv": ("PartiPrompts.tsv: the run was generated on PartiPrompts (sjd; CLIP only)", METRICS),
-    "--ir-checkpoint": ("ImageReward.pt", ("image_reward",)),
-    "--ir-med-config": ("med_config.json", ("image_reward",)),
-    "--ir-python": ("interpreter with the image-reward package (default: this one)", ("image_reward",)),
-}
-FIXED_INPUTS = {  # flag -> (environment variable, name in errors); the protocol-independent inputs
-    "--coco-images": ("COCO_VAL_IMAGES", "COCO val2017 images"), "--parti-tsv": (None, "PartiPrompts TSV"),
-    "--ir-checkpoint": ("IMAGEREWARD_CKPT", "ImageReward checkpoint"),
-    "--ir-med-config": ("IMAGEREWARD_MED_CONFIG", "ImageReward med_config"),
-    "--ir-python": ("IMAGEREWARD_PYTHON", "ImageReward interpreter"),
-}
-
-
-# protocol -> flag -> its default without the flag and its environment variable: the hub id of an
-# input that is on the Hugging Face hub (coolsd.util.hub; the others have no default)
-_IMAGE_REWARD_HUB = {"--ir-checkpoint": "hf://THUDM/ImageReward/ImageReward.pt",
-                     "--ir-med-config": "hf://THUDM/ImageReward/med_config.json"}
-HUB_DEFAULTS = {"lantern": {"--clip": f"hf://{CLIP_HF_REPO}", **_IMAGE_REWARD_HUB},
-                "sjd": {"--clip": f"hf://{SJD_CLIP_HF_REPO}", **_IMAGE_REWARD_HUB}}
-# what a hub CLIP folder is fetched with: config, tokenizer files, one weight format
-CLIP_FETCH = ("*.json", "*.txt", ("model.safetensors", "pytorch_model.bin"))
+    proto = PROTOCOLS.get(check_protocol(protocol))
+    values = dict(inputs)
+    for name in metrics:
+        for spec in protocol_inputs(proto, metric(name)):
+            if values.get(spec.dest) is None and spec.default is not None:
+                values[spec.dest] = spec.default()
+    ctx = EvalContext(proto, values, device, Path(cache_dir), fid_resamples)
+    return {name: metric(name).build(ctx) for name in metrics}
 
 
 def input_env(protocol: str, flag: str):
     """The environment variable of a flag's default under a protocol (None: none)."""
+    spec = _spec(protocol, flag)
+    return None if spec is None else spec.env
 
-    return INPUTS[protocol][flag][0] if flag in INPUTS[protocol] else FIXED_INPUTS[flag][0]
+
+def _spec(protocol: str, flag: str):
+    """The ``InputSpec`` of ``flag`` under ``protocol``: the protocol's own, else a metric's (None: none)."""
+    proto = PROTOCOLS.get(protocol)
+    if flag in proto.inputs:
+        return proto.inputs[flag]
+    specs = every_input_spec().get(flag, [])
+    return specs[0] if specs else (PARTI if flag == PARTI.flag else None)
+
+
+def input_flags() -> dict[str, tuple[str, list[str]]]:
+    """flag -> (help, the metrics that read it) over every registered metric and protocol, in order."""
+    out: dict[str, tuple[str, list[str]]] = {}
+    for name in evaluate_metrics():
+        for i in metric(name).inputs:
+            flag = i.flag if isinstance(i, InputSpec) else i
+            spec = i if isinstance(i, InputSpec) else every_input_spec()[flag][0]
+            out.setdefault(flag, (spec.help, []))[1].append(name)
+    out[PARTI.flag] = (PARTI.help, [n for n in evaluate_metrics() if "parti" in metric(n).prompt_sets])
+    return out
 
 
 def fill_defaults(a) -> None:
     """Every input flag not given: from its environment variable under ``a.protocol``, else its hub id."""
-    for flag in INPUT_FLAGS:
-        dest, env = flag[2:].replace("-", "_"), input_env(a.protocol, flag)
+    for flag in input_flags():
+        spec = _spec(a.protocol, flag)
+        dest = flag.lstrip("-").replace("-", "_")
         if getattr(a, dest, None) is None:
-            setattr(a, dest, (os.environ.get(env) if env else None) or HUB_DEFAULTS[a.protocol].get(flag))
+            setattr(a, dest, (os.environ.get(spec.env) if spec.env else None) or spec.hub)
 
 
 def download_command(protocol: str, wanted) -> str:
@@ -231,26 +203,25 @@ def download_command(protocol: str, wanted) -> str:
 def input_needs(a, wanted) -> list:
     """The ``Need`` of every input the ``wanted`` metrics read under ``a.protocol`` (``a``: the
     parsed arguments, defaults from the environment already filled in)."""
-
-    protocol = getattr(a, "protocol", "lantern")
-    weights = FID_PROTOCOLS[protocol]["weights_name"]
-    clip = a.clip if hub.is_hub(a.clip) else a.clip and snapshot_dir(a.clip)
-    value = {"--clip": clip, "--inception": a.inception or default_inception_path(weights),
-             "--coco-images": a.coco_images, "--parti-tsv": getattr(a, "parti_tsv", None),
-             "--ir-checkpoint": a.ir_checkpoint, "--ir-med-config": a.ir_med_config, "--ir-python": a.ir_python}
-    kind = {flag: (folder, contains, source) for flag, (_, _, source, folder, contains) in INPUTS[protocol].items()}
-    kind.update({"--coco-images": (True, (), COCO_IMAGES_SOURCE), "--parti-tsv": (False, (), PARTI_SOURCE),
-                 "--ir-checkpoint": (False, (), IR_SOURCE), "--ir-med-config": (False, (), IR_SOURCE),
-                 "--ir-python": (False, (), INSTALL)})
+    proto = PROTOCOLS.get(getattr(a, "protocol", "lantern"))
     needs = [Need("run folder", "give it as the first argument", a.run, "a folder written by python run.py",
                   None, True)]
-    for flag, (_, metrics) in INPUT_FLAGS.items():
-        if flag in ("--ir-python", "--parti-tsv") and value[flag] is None:  # None: this python / a COCO run
+    specs = [s for name in wanted for s in protocol_inputs(proto, metric(name))]
+    if getattr(a, "parti_tsv", None) is not None:
+        specs.append(PARTI)
+    seen = set()
+    for spec in specs:
+        if spec.flag in seen:
             continue
-        if set(metrics) & set(wanted):
-            name = INPUTS[protocol][flag][1] if flag in INPUTS[protocol] else FIXED_INPUTS[flag][1]
-            needs.append(Need(name, flag, value[flag], kind[flag][2], input_env(protocol, flag), *kind[flag][:2],
-                              CLIP_FETCH if flag == "--clip" else ()))
+        seen.add(spec.flag)
+        value = getattr(a, spec.dest, None)
+        if value is None and spec.default is not None:
+            value = spec.default()
+        if value is None and spec.optional:  # its documented default (this interpreter, a COCO run)
+            continue
+        if spec.folder and value is not None and not hub.is_hub(value):
+            value = snapshot_dir(value)  # a hub cache's model folder: its snapshot
+        needs.append(Need(spec.name, spec.flag, value, spec.source, spec.env, spec.folder, spec.contains, spec.fetch))
     return needs
 
 
@@ -277,16 +248,27 @@ def choose_device(device) -> tuple[str, str]:
     return device, "default: " + ("CUDA is available" if device == "cuda" else "no CUDA on this machine")
 
 
+def _point(entry: dict) -> tuple[float, float, float]:
+    """(value, lo, hi) of a summary entry: a mean with its interval, or FID with its bootstrap interval."""
+    return entry.get("mean", entry.get("fid")), entry["lo"], entry["hi"]
+
+
 def main(argv=None) -> dict:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--include", action="append", default=[])
+    plugins.load(pre.parse_known_args(argv)[0].include)  # metrics and protocols from outside the package first
+    metrics, protocols = evaluate_metrics(), PROTOCOLS.names()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run", type=Path, help="a run folder (samples.jsonl + images/)")
-    ap.add_argument("--metrics", default="clip_score,fid", help=f"comma-separated, of {', '.join(METRICS)}")
-    ap.add_argument("--protocol", default="lantern", help=f"how CLIP score and FID are computed: {' | '.join(PROTOCOLS)} "
+    ap.add_argument("--metrics", default="clip_score,fid", help=f"comma-separated, of {', '.join(metrics)}")
+    ap.add_argument("--protocol", default="lantern", help=f"how CLIP score and FID are computed: {' | '.join(protocols)} "
                     "(coolsd.metrics.protocols)")
-    for flag, (text, metrics) in INPUT_FLAGS.items():
-        envs = sorted({e for p in PROTOCOLS if (e := input_env(p, flag))})
+    ap.add_argument("--include", action="append", default=[], metavar="PATH",
+                    help="register metrics (and protocols) from this file or folder first (docs/add_metric.md)")
+    for flag, (text, users) in input_flags().items():
+        envs = sorted({e for p in protocols if (e := input_env(p, flag))})
         ap.add_argument(flag, default=None, help=f"{text} [{', '.join('$' + e for e in envs) or 'no variable'}; "
-                                                 f"for {', '.join(metrics)}]")
+                                                 f"for {', '.join(users)}]")
     ap.add_argument("--cache-dir", type=Path, default=Path("outputs/cache"))
     ap.add_argument("--device", default=None, help="where the metric networks run (default: cuda when "
                     "torch.cuda.is_available(), else cpu); TF32 is off either way (coolsd.metrics.numerics)")
@@ -295,35 +277,42 @@ def main(argv=None) -> dict:
     a.device, why = choose_device(a.device)  # before any input is read: a missing CUDA is refused first
     print(f"metrics on {a.device} ({why}), float32 with TF32 off")
     check_protocol(a.protocol)
+    proto = PROTOCOLS.get(a.protocol)
     fill_defaults(a)  # the protocol's environment variables, else the hub ids
     wanted = [m.strip() for m in a.metrics.split(",") if m.strip()]
-    unknown = sorted(set(wanted) - set(METRICS))
+    unknown = sorted(set(wanted) - set(metrics))
     if unknown:
-        raise ConfigError(f"unknown metric(s) {unknown}; valid: {', '.join(METRICS)}")
-    if a.parti_tsv is not None and a.protocol != "sjd":
-        raise ConfigError("--parti-tsv is a prompt set of --protocol sjd (LANTERN / COOL-SD evaluate on COCO only)")
-    if a.parti_tsv is not None and "fid" in wanted:
-        raise ConfigError("no FID on PartiPrompts (no reference images; the SJD papers report only CLIP score there): "
-                         "use --metrics clip_score")
+        raise ConfigError(f"unknown metric(s) {unknown}; valid: {', '.join(metrics)}")
+    if a.parti_tsv is not None:
+        if "parti" not in proto.prompt_sets:
+            have = [p for p in protocols if "parti" in PROTOCOLS.get(p).prompt_sets]
+            raise ConfigError(f"--parti-tsv is a prompt set of --protocol {' / '.join(have)} ({a.protocol} evaluates on "
+                              f"COCO only)")
+        cannot = [metric(m).header for m in wanted if "parti" not in metric(m).prompt_sets]
+        if cannot:
+            raise ConfigError(f"no {', '.join(cannot)} on PartiPrompts (no reference images; the SJD papers report only "
+                              "CLIP score there): use --metrics clip_score")
     # every missing input at once, the run folder's records and images included, before loading anything
     require_inputs("python -m coolsd.cli.evaluate", metric_missing_inputs(a, wanted) + run_folder_problems(a.run))
     use_local_inputs(a, wanted)
-    kw = build_scorers(wanted, clip=a.clip, inception=a.inception, coco_images=a.coco_images, ir_checkpoint=a.ir_checkpoint,
-                       ir_med_config=a.ir_med_config, ir_python=a.ir_python, device=a.device, cache_dir=a.cache_dir,
-                       fid_resamples=a.fid_resamples, protocol=a.protocol)
-    result = evaluate_run(a.run, parti_tsv=a.parti_tsv, **kw)
-    result["protocol"] = {"name": a.protocol, "metrics": wanted, "clip": a.clip,
-                          "inception": str(a.inception or "torch hub cache"), "coco_images": a.coco_images,
+    specs = {s.dest: s for m in wanted for s in protocol_inputs(proto, metric(m))}
+    inputs = {d: getattr(a, d) for d in specs}
+    scorers = build_scorers(wanted, device=a.device, cache_dir=a.cache_dir, fid_resamples=a.fid_resamples,
+                            protocol=a.protocol, **inputs)
+    result = evaluate_run(a.run, scorers, protocol=a.protocol, parti_tsv=a.parti_tsv)
+    named = {d: (str(v) if v is not None else f"default: {specs[d].default()}" if specs[d].default else None)
+             for d, v in inputs.items()}
+    result["protocol"] = {"name": a.protocol, "metrics": wanted, **named,
                           "prompts": "PartiPrompts " + str(a.parti_tsv) if a.parti_tsv else "COCO 2017 val",
-                          "image_reward": a.ir_checkpoint, "device": a.device,
-                          "numerics": metric_numerics(a.device),
-                          **{m: DESCRIPTION[a.protocol][m] for m in ("clip_score", "fid") if m in wanted}}
+                          "device": a.device, "numerics": metric_numerics(a.device),
+                          **{m: proto.description[m] for m in wanted if m in proto.description}}
     write_json_atomic(result, a.run / "metrics.json")
     for tag, r in result["per_method"].items():
-        parts = [f"{m} {r[m]['mean']:.4f} [{r[m]['lo']:.4f}, {r[m]['hi']:.4f}]" for m in ("clip_score", "image_reward")
-                 if m in r]
-        if "fid" in r:
-            parts.append(f"FID {r['fid']['fid']:.2f} [{r['fid']['lo']:.2f}, {r['fid']['hi']:.2f}]")
+        parts = []
+        for m in wanted:
+            if m in r:
+                info, (v, lo, hi) = metric(m), _point(r[m])
+                parts.append(f"{info.header} {info.fmt(v)} [{info.fmt(lo)}, {info.fmt(hi)}]")
         print(f"{tag:<14} n={r['n']:<5} " + "  ".join(parts))
     print(f"protocol {a.protocol}; wrote {a.run / 'metrics.json'}")
     return result

@@ -1,8 +1,10 @@
-"""``python run.py --list methods|targets|drafters|trees``: what can be chosen, printed from the
-registries themselves (``coolsd.util.registry``), entries from ``--include`` files included: each
-method with its families, drafter kind, whether it is lossless, and every parameter with its
-default, type and valid values; each target with its family and where it is defined; each drafter
-kind with its facts; each named tree with its size. Nothing here keeps a list of names."""
+"""``python run.py --list methods|targets|drafters|trees|metrics|protocols``: what can be chosen,
+printed from the registries themselves (``coolsd.util.registry``), entries from ``--include`` files
+included: each method with its families, drafter kind, whether it is lossless, and every parameter
+with its default, type and valid values; each target with its family and where it is defined; each
+drafter kind with its facts; each named tree with its size; each metric with who computes it, its
+direction, the inputs it reads and the prompt sets it scores; each evaluation protocol with what it
+fixes. Nothing here keeps a list of names."""
 from __future__ import annotations
 
 import sys
@@ -12,10 +14,11 @@ from coolsd.engine import plugins
 from coolsd.engine.decoding.trees import TREE_NAMES, make_tree
 from coolsd.engine.drafting import DRAFTERS
 from coolsd.engine.methods import METHODS, method_info
+from coolsd.metrics.registry import METRICS, PROTOCOLS, InputSpec
 from coolsd.util.errors import ConfigError
 from coolsd.worlds import TARGETS
 
-KINDS = ("methods", "targets", "drafters", "trees")
+KINDS = ("methods", "targets", "drafters", "trees", "metrics", "protocols")
 
 
 def _methods() -> list[str]:
@@ -48,6 +51,8 @@ def _targets() -> list[str]:
         lines.append(f"{name}  ({e.facts.get('family')}; {e.obj.__name__}, {e.origin})")
         if e.doc:
             lines.append(f"    {e.doc}")
+        if e.obj.prompt_rules():
+            lines.append(f"    prompts: {e.obj.prompt_rules()}")
     return lines
 
 
@@ -71,9 +76,37 @@ def _trees() -> list[str]:
     return lines
 
 
+def _metrics() -> list[str]:
+    lines = []
+    for name in METRICS.names():
+        m, e = METRICS.get(name), METRICS.entry(name)
+        better = "higher" if m.higher_is_better else "lower"
+        stands = f"; stands in for {m.stands_for}, is not it" if m.stands_for else ""
+        lines.append(f"{name}  (computed by {m.computed_by}; {better} is better{stands}; {e.origin})")
+        if m.doc:
+            lines.append(f"    {m.doc}")
+        if m.computed_by == "evaluate":
+            flags = [i.flag if isinstance(i, InputSpec) else f"{i} (per protocol)" for i in m.inputs]
+            lines.append(f"    python -m coolsd.cli.evaluate RUN --metrics {name}   (inputs: {', '.join(flags) or 'none'}; "
+                         f"prompt sets: {', '.join(m.prompt_sets)})")
+    return lines
+
+
+def _protocols() -> list[str]:
+    lines = []
+    for name in PROTOCOLS.names():
+        p, e = PROTOCOLS.get(name), PROTOCOLS.entry(name)
+        lines.append(f"{name}  (prompt sets: {', '.join(p.prompt_sets)}; {e.origin})")
+        lines.append(f"    {p.doc}")
+        lines += [f"    {k}: {v}" for k, v in p.description.items()]
+        lines += [f"    {flag}: {s.name} [${s.env}]" for flag, s in p.inputs.items()]
+    return lines
+
+
 def listing(kind: str) -> str:
     """The listing of ``kind`` (one of ``KINDS``), a ConfigError naming the valid kinds else."""
-    fn = {"methods": _methods, "targets": _targets, "drafters": _drafters, "trees": _trees}.get(kind)
+    fn = {"methods": _methods, "targets": _targets, "drafters": _drafters, "trees": _trees, "metrics": _metrics,
+          "protocols": _protocols}.get(kind)
     if fn is None:
         raise ConfigError(f"--list {kind}: valid: {', '.join(KINDS)}")
     return "\n".join(fn())

@@ -44,9 +44,41 @@ def safe_dirname(overrides: str, limit: int = 100) -> str:
     return name
 
 
+SCHEMA_SUFFIX = "_schema"  # a schema node (coolsd.job.config_schema): what a conf file types itself against
+
+
+def config_groups() -> str:
+    """``python run.py --help``'s group list (``hydra.help.template``, conf/config.yaml): every
+    configuration group and its options as Hydra lists them, less Hydra's own groups and the schema
+    nodes the conf files type themselves against (``*_schema``: never chosen on the command line)."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.object_type import ObjectType
+
+    loader = GlobalHydra.instance().config_loader()
+
+    def groups(parent: str = "") -> list[str]:
+        out = []
+        for g in loader.list_groups(parent):
+            name = f"{parent}/{g}" if parent else g
+            if name == "hydra":
+                continue
+            if loader.get_group_options(name, ObjectType.CONFIG):
+                out.append(name)
+            out += groups(name)
+        return out
+
+    lines = []
+    for g in sorted(groups()):
+        options = [o for o in sorted(loader.get_group_options(g)) if not o.endswith(SCHEMA_SUFFIX)]
+        if options:
+            lines.append(f"{g}: {', '.join(options)}")
+    return "\n".join(lines)
+
+
 # ``hydra.sweep.subdir`` (conf/config.yaml) names each run folder with it
 OmegaConf.register_new_resolver("coolsd_dirname", safe_dirname, replace=True)
 OmegaConf.register_new_resolver("coolsd_hash", short_hash, replace=True)
+OmegaConf.register_new_resolver("coolsd_config_groups", config_groups, replace=True)
 
 
 def compose(*overrides) -> DictConfig:

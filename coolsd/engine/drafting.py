@@ -590,7 +590,9 @@ DRAFTERS = Registry("drafter kind", callables=True)
 
 def register_drafter(kind: str, *, jacobi: bool = False, row_parallel: bool = False):
     """Register the factory of a drafter kind: ``factory(method, draft_model, sampling, vocab_size,
-    token_range, grid_width)`` -> a drafter (``ModelDrafter``'s interface) or None (no drafts);
+    token_range, grid_width)`` -> a drafter (``ModelDrafter``'s interface) or None (no drafts), or
+    an object with ``own_loop(target, n_tokens, rng, sampling, cond, batch_size, sync, distortion)``
+    that runs the whole generation instead of the round loop (``coolsd.engine.rows``);
     ``jacobi`` / ``row_parallel``: the facts above (``MethodInfo.jacobi``, ``.row_parallel``)."""
     return DRAFTERS.register(kind, jacobi=jacobi, row_parallel=row_parallel)
 

@@ -1,5 +1,5 @@
 """The one generation loop (docs/methods.md#13-verification-at-one-tree-depth-d, #4-sjd): every discrete method runs through here
-(row-parallel ones, several image rows a forward, through ``coolsd.engine.rows``, which it calls).
+(row-parallel ones, several image rows a forward, through their drafter's ``own_loop``: ``coolsd.engine.rows``).
 
 Round: the drafter proposes a tree rooted at the last emitted token; ONE target forward scores
 the root and every node under the tree mask; ``verify_tree`` walks it with the method's rule;
@@ -22,7 +22,7 @@ from coolsd.engine.decoding.verify import verify_tree
 from coolsd.engine.drafting import RoundInfo, SamplingConfig
 from coolsd.engine.generation_result import GenerationResult, NonFiniteLogits, _check_finite, _nonfinite  # noqa: F401
 from coolsd.engine.model_protocol import ARModel
-from coolsd.engine.rows import PJDRows, RowParallel, pjd_generate, row_parallel_generate
+from coolsd.engine import rows  # noqa: F401  (registers the row-parallel drafter kinds)
 from coolsd.engine.signals import (
     DEPTH,
     KL,
@@ -73,12 +73,12 @@ def speculative_generate(
     """
     dev = torch.device(getattr(target, "device", "cpu"))
     rng = rng.on(dev)  # counter-based streams computed on the target's device (coolsd.engine.decoding.rng)
-    if isinstance(drafter, (RowParallel, PJDRows)):  # several rows a forward (ZipAR, PJD): coolsd.engine.rows
+    own_loop = getattr(drafter, "own_loop", None)  # several rows a forward (ZipAR, PJD): coolsd.engine.rows
+    if own_loop is not None:
         if bos_token is not None or tree.n_nodes or rule is not None:
             raise ValueError("row-parallel decoding takes no bos_token, tree or rule: the first token comes from the "
                              "prefill and coolsd.engine.rows feeds the rows itself")
-        run = row_parallel_generate if isinstance(drafter, RowParallel) else pjd_generate
-        return run(target, n_tokens, rng, drafter, sampling, cond, batch_size, sync, distortion)
+        return own_loop(target, n_tokens, rng, sampling, cond, batch_size, sync, distortion)
     rule = rule.on(dev) if rule is not None else None
     tree = (EMPTY_TREE if drafter is None else tree).on(dev)  # no drafter: plain AR, the empty tree
     return _generate(target, n_tokens, rng, rule, drafter, tree, sampling, cond, batch_size, bos_token, sync, distortion)

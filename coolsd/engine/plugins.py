@@ -1,9 +1,10 @@
 """Methods (and drafters) defined outside the package, lm-evaluation-harness ``--include_path``
 style: ``python run.py --include PATH method=<yours>`` (or ``COOLSD_INCLUDE=PATH``, several joined
 by ``os.pathsep``). PATH is a Python file or a folder of them; each is imported once (its
-``@register_method`` / ``@register_drafter`` calls register what it defines), and the folder's
-``conf/`` (a folder holding ``method/<name>.yaml``; for a file, the ``conf/`` beside it) joins
-Hydra's config search path, so ``method=<name>`` composes. The Hydra plugin
+``@register_method`` / ``@register_drafter`` / ``@register_metric`` calls and world subclasses
+register what it defines; a method's config node is generated from its parameters, so
+``method=<name>`` composes), and the folder's ``conf/`` (for a file, the ``conf/`` beside it), where
+there is one, joins Hydra's config search path (a target's ``target/<name>.yaml``, presets). The Hydra plugin
 (``hydra_plugins.coolsd_experiments``) loads them on every Hydra start, in the launching process
 and in every job process (the variable is inherited), before any config is checked. In Python
 (the lab, a notebook) ``load([PATH])`` or a plain import does the same. docs/add_method.md.

@@ -123,6 +123,11 @@ class RowParallel:
         self.grid_width = int(grid_width)
         self.window = min(8, self.grid_width // 2) if window is None else int(window)
 
+    def own_loop(self, target, n_tokens: int, rng, sampling, cond, batch_size: int, sync, distortion: bool):
+        """``speculative_generate`` hands a drafter with an ``own_loop`` the whole generation: here
+        ``row_parallel_generate``."""
+        return row_parallel_generate(target, n_tokens, rng, self, sampling, cond, batch_size, sync, distortion)
+
     def schedule(self, n_tokens: int) -> list[RowStep]:
         if n_tokens % self.grid_width:
             raise ValueError(f"zipar needs whole rows: {n_tokens} image tokens is not a multiple of the grid width "
@@ -280,6 +285,10 @@ class PJDRows:
         self.token_range = token_range or (0, vocab_size)
         if not 1 <= self.start:
             raise ValueError(f"pjd start must be >= 1, got {start}")
+
+    def own_loop(self, target, n_tokens: int, rng, sampling, cond, batch_size: int, sync, distortion: bool):
+        """The whole generation (``RowParallel.own_loop``): ``pjd_generate``."""
+        return pjd_generate(target, n_tokens, rng, self, sampling, cond, batch_size, sync, distortion)
 
 
 class _Row:

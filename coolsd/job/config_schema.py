@@ -7,7 +7,11 @@ Two layers, both before any model loads:
   every Hydra start): the top level (``coolsd_schema``, first in conf/config.yaml's defaults),
   ``dataset``, ``sampling``, ``tree``, ``shard`` and every ``target`` (a base schema with the common
   fields in ``coolsd.worlds.schema``, one subclass per kind of target beside its world's code;
-  each conf/<group>/<name>.yaml names its schema first in its defaults). ``sampling.top_k=abc`` fails
+  each conf/<group>/<name>.yaml names its schema first in its defaults). Every registered method's
+  ``method`` node is generated from its ``Param``s (``coolsd.engine.methods.config_node``) and stored
+  as ``method/<name>``: the one place its defaults live; conf/method/ holds no yaml of a registered
+  method's name (Hydra would merge it over the node, its deprecated "automatic schema matching").
+  ``sampling.top_k=abc`` fails
   while composing, naming the key. The schemas are *open* (struct flag off) so that ``+key=value``
   composes (tests point targets at tiny configs with ``+target.vq_config=...``); they type the keys
   they declare, and ``check_known_settings`` refuses every key they do not declare, naming the
@@ -38,7 +42,7 @@ from typing import Any, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from coolsd.engine.methods import ParamError, check_method, method_info
+from coolsd.engine.methods import ParamError, check_method, config_node, method_info, method_names
 from coolsd.engine.methods.cspd import refuse_flow_head_params
 from coolsd.job.shards import Shard
 from coolsd.prompts import load_prompt_file, prompt_pool
@@ -125,7 +129,9 @@ SCHEMAS = {
 
 def register_schemas() -> None:
     """Store every schema in Hydra's ConfigStore (open: ``+key=value`` may add keys): the job's
-    own and each registered world's target schema (``World.schema``, beside the world's code)."""
+    own, each registered world's target schema (``World.schema``, beside the world's code) and
+    each registered method's config node (``method/<name>``, from its ``Param``s: untyped, the
+    registry checks its values). Called again once included files have registered theirs."""
     from hydra.core.config_store import ConfigStore
 
     cs = ConfigStore.instance()
@@ -134,6 +140,8 @@ def register_schemas() -> None:
         node = OmegaConf.structured(schema)
         OmegaConf.set_struct(node, False)
         cs.store(group=group, name=name, node=node)
+    for name in method_names():
+        cs.store(group="method", name=name, node=OmegaConf.create(config_node(name)))
 
 
 # ------------------------------------------------------------------------------ unknown and unused settings
@@ -204,9 +212,8 @@ def check_settings_apply(cfg, world_cls, overrides) -> None:
     if not keys:
         return
     name, _ = method_from_cfg(cfg)
-    try:
-        info = method_info(name)
-    except ValueError:
+    info = _known_method(name)
+    if info is None:
         return  # an unknown method: the registry's check words it
     discrete = world_cls.family == "discrete"
     uses_tree = discrete and info.drafter == "model"
@@ -435,18 +442,12 @@ def _check_values(cfg, world_cls):
         have = ", ".join(n for n in world_names() if world_class(n).row_parallel)
         raise ConfigError(f"method={name} decodes several image rows a forward, which target={cfg.target.name} does "
                           f"not implement yet ({have} do)")
-    if name == "zipar" and world_cls.row_parallel and params.get("window") is not None:
-        n = world_cls.image_tokens(cfg)
-        side = math.isqrt(n) if n else 0
-        if side and side * side == n and not (isinstance(params["window"], int) and 1 <= params["window"] < side):
-            raise ConfigError(f"method.window={params['window']!r} is invalid: it must be an integer in [1, {side - 1}] "
-                              f"(target {cfg.target.name}'s grid is {side} tokens wide)")
-    if invariant and name == "pjd" and int(_get(cfg, "batch_size", 1)) > 1:
-        raise ConfigError("method=pjd pads each forward to the batch's longest schedule, which is not batch-invariant: "
-                          "set batch_size=1 or deterministic.batch_invariant=false")
-    if cfg.get("compile", False) and name == "budget" and params.get("tv_per_image"):
-        raise ConfigError("method.tv_per_image tunes the price between batches, which the compiled graphs would "
-                          "bake in: set compile=false")
+    info = _known_method(name)
+    for check in info.config_checks if info is not None else ():  # its refusals of job settings (its registration)
+        try:
+            check(params, cfg, world_cls)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     if cfg.get("compile", False) and _row_parallel(name):
         raise ConfigError(f"method={name} runs eagerly only (its forwards change shape with the rows): set compile=false")
 
@@ -487,10 +488,16 @@ def check_fastest_ar(cfg, world_cls, invariant: bool) -> None:
                           "fastest_ar=auto or false")
 
 
-def _row_parallel(name: str) -> bool:
-    """Whether method ``name`` is row-parallel (``MethodInfo.row_parallel``); False for unknown
-    names (the registry's check words that error)."""
+def _known_method(name: str):
+    """The registry entry of method ``name`` (``MethodInfo``); None for an unknown name (the
+    registry's check words that error)."""
     try:
-        return method_info(name).row_parallel
+        return method_info(name)
     except ValueError:
-        return False
+        return None
+
+
+def _row_parallel(name: str) -> bool:
+    """Whether method ``name`` is row-parallel (``MethodInfo.row_parallel``); False for unknown names."""
+    info = _known_method(name)
+    return info is not None and info.row_parallel

@@ -10,10 +10,11 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from coolsd.metrics.registry import known_metric
 from coolsd.metrics.token_maps import distortion_figure
 from coolsd.util.image_grid import method_grid
 from coolsd.util.records import save_png_atomic, write_json_atomic, write_text_atomic
-from coolsd.util.stats import FLOAT_NOISE, FRACTION, NULL_REASON, POSITIVE, REAL, mean_ci, ratio_ci
+from coolsd.util.stats import FLOAT_NOISE, FRACTION, NULL_REASON, POSITIVE, REAL, UNSCORED, mean_ci, ratio_ci
 
 SPEEDUP_REFERENCE = "ar on the same prompts, same machine, same run (same batch size)"
 # The AR baselines a run may time. ``ar``: AR in the run's own mode (eager, or compiled under
@@ -27,34 +28,26 @@ FASTEST_AR_REFERENCE = ("speedup_vs_fastest_ar: mean latency of the fastest AR t
                         "(compiled AR: static KV cache, CUDA graphs on CUDA; timed on CUDA unless fastest_ar=false) "
                         "with the lower mean latency, named by fastest_ar; where only one ran it is that one, and "
                         "the column equals speedup")
-# where each summarised record quantity lives, (domain, lower bound), for its interval
-# (coolsd.util.stats); a key not listed is real-valued (Student-t), e.g. target_nll and every difference
+# where each summarised record quantity that is no registered metric lives, (domain, lower bound),
+# for its interval (coolsd.util.stats); a registered metric's is its entry's (``MetricInfo.domain``);
+# a key in neither is real-valued (Student-t), e.g. target_nll and every difference
 METRIC_DOMAINS = {
-    **dict.fromkeys(("latency_s", "decode_s", "images_per_s", "target_forwards", "draft_forwards", "step_tv",
-                     "step_kl", "resample_rounds", "fallbacks"), (POSITIVE, 0.0)),
+    **dict.fromkeys(("latency_s", "decode_s", "images_per_s", "target_forwards", "draft_forwards",
+                     "resample_rounds", "fallbacks"), (POSITIVE, 0.0)),
     **dict.fromkeys(("accepted_length", "exact_accepted_length", "sampled_accepted_length"), (POSITIVE, 1.0)),
-    **dict.fromkeys(("off_support", "acceptance_rate", "toy_clip", "exact_tv", "sampled_tv_to_target",
-                     "chi2_p_sampled_vs_exact"), (FRACTION, 0.0)),
+    **dict.fromkeys(("acceptance_rate", "exact_tv", "sampled_tv_to_target", "chi2_p_sampled_vs_exact"), (FRACTION, 0.0)),
 }
 
-# how far below 0 a record quantity summed over an image's tokens may come out from float32 rounding
-# alone (``coolsd.util.stats.clamp_to_domain`` sets it to 0; further below is an error naming the key):
-# step_kl sums T per-token KL(pi || p), each computed in float32 over the V-entry vocabulary
-# (``coolsd.engine.decoding.distortion.kl``); a float32 softmax's mass exceeds 1 by up to ~1e-6 at
-# V = 65536 (2e-7 at V = 16384), which KL(pi || p) reads as that much below 0 per token. At pi ~ p
-# (a relaxed method near its lossless setting) the per-image sum of exact zeros was measured at
-# -2.6e-4 (V = 16384, T = 1024), -1.5e-4 (V = 8192, T = 2352), -1.5e-3 (V = 65536, T = 1024),
-# linear in T: 1e-2 covers T <= 4096 at V <= 65536 (~ -6e-3). step_tv is a sum of absolute values
-# (never below 0 in floating point); it shares the bound as the same kind of per-image sum.
-TOKEN_SUM_NOISE = 1e-2
-METRIC_NOISE = dict.fromkeys(("step_kl", "step_tv"), TOKEN_SUM_NOISE)  # every other key: stats.FLOAT_NOISE
 
 
 def metric_ci(key: str, values) -> dict:
-    """``mean_ci`` of a record quantity with the interval of its domain (``METRIC_DOMAINS``) and
-    its float noise (``METRIC_NOISE``)."""
-    domain, lower = METRIC_DOMAINS.get(key, (REAL, 0.0))
-    return mean_ci(values, domain=domain, lower=lower, name=key, noise=METRIC_NOISE.get(key, FLOAT_NOISE))
+    """``mean_ci`` of a record quantity with the interval of its domain and its float noise: a
+    registered metric's (``MetricInfo.domain`` / ``noise``), else ``METRIC_DOMAINS`` and
+    ``stats.FLOAT_NOISE``."""
+    m = known_metric(key)
+    domain, lower = m.domain if m is not None else METRIC_DOMAINS.get(key, (REAL, 0.0))
+    noise = m.noise if m is not None and m.noise is not None else FLOAT_NOISE
+    return mean_ci(values, domain=domain, lower=lower, name=key, noise=noise)
 
 
 def results_table(world_cls, outputs: dict, prompts: list, files: dict) -> dict:
@@ -214,6 +207,12 @@ def summary_lines(world_cls, table: dict, outputs: Optional[dict] = None) -> lis
     reasons = {(c.key, e[c.key + NULL_REASON]) for e in table.values() for c in cols
                if e.get(c.key) is None and e.get(c.key + NULL_REASON)}
     lines += [f"{key}: null: {why}" for key, why in sorted(reasons)]
+    unscored = next((e[UNSCORED] for e in table.values() if e.get(UNSCORED)), None)
+    if unscored:  # a world's quality metrics left prompts out (coolsd.worlds.toy.toy_quality): said, never silent
+        shown = ", ".join(map(str, unscored["prompt_indices"])) + (", ..." if unscored["n"] > len(unscored["prompt_indices"])
+                                                                   else "")
+        lines.append(f"quality metrics over {unscored['of'] - unscored['n']} of {unscored['of']} prompts: "
+                     f"{unscored['n']} not scored (prompts {shown}): {unscored['why']}")
     res = {tag: e["resolution"] for tag, e in table.items() if tag != "ar" and e.get("resolution")}
     if res:
         lines += ["", "resolution: half-width of the paired 95% CI against ar (a smaller difference is not resolved at this n)"]

@@ -25,13 +25,14 @@ LANCZOS 256, then clean-fid's per-channel PIL float bicubic resize to 299; docs/
 
 Weights are never downloaded: the user supplies the file (see ``WEIGHTS_URL``).
 
-Two FID protocols share this network (``FID_PROTOCOLS``; ``python -m coolsd.cli.evaluate --protocol``):
+Two FID recipes share this network (``FID_RECIPES``; the protocols of ``python -m coolsd.cli.evaluate
+--protocol`` pick one, ``coolsd.metrics.protocols``):
 
-* ``lantern`` (LANTERN / COOL-SD, clean-fid ``mode="clean"``): LANTERN's centre crop + LANCZOS
+* ``clean_fid`` (LANTERN / COOL-SD, clean-fid ``mode="clean"``): LANTERN's centre crop + LANCZOS
   256, clean-fid's per-channel PIL float bicubic 299 (antialiased), ``(v - 128) / 128``, the TF
   2015-12-05 weights (clean-fid ships them as the TorchScript ``inception-2015-12-05.pt``; we
   load torch-fidelity's port of the same graph, ``WEIGHTS_NAME``).
-* ``sjd`` (SJD / MC-SJD / GSD, ``pytorch_fid.calculate_fid_given_paths``): no crop, torch bilinear
+* ``pytorch_fid`` (SJD / MC-SJD / GSD, ``pytorch_fid.calculate_fid_given_paths``): no crop, torch bilinear
   299 without antialiasing (``image_prep.pytorch_fid_preprocess``), ``2 (v / 255) - 1``, and
   pytorch-fid's weight file ``PT_WEIGHTS_NAME`` (same module tree and key names, torchvision's
   Inception3 with the FID blocks; its name carries the same ``6726825d`` hash prefix as
@@ -408,12 +409,13 @@ INPUT_NORMS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "pytorch_fid": lambda x: 2 * x - 1,  # [0, 1] -> 2x - 1 (pytorch_fid.inception.InceptionV3, normalize_input)
 }
 
-# protocol -> how its FID features are made (see the module docstring)
-FID_PROTOCOLS = {
-    "lantern": {"preprocess": fid_preprocess, "input_norm": "clean_fid", "weights_name": WEIGHTS_NAME,
-                "weights_url": WEIGHTS_URL, "protocol": "lantern_crop_lanczos256+clean_fid_bicubic299"},
-    "sjd": {"preprocess": pytorch_fid_preprocess, "input_norm": "pytorch_fid", "weights_name": PT_WEIGHTS_NAME,
-            "weights_url": PT_WEIGHTS_URL, "protocol": "pytorch_fid_bilinear299"},
+# recipe -> how its FID features are made (see the module docstring); ``label``: what the
+# extractor's ``protocol`` attribute (and every FID number made with it) says
+FID_RECIPES = {
+    "clean_fid": {"preprocess": fid_preprocess, "input_norm": "clean_fid", "weights_name": WEIGHTS_NAME,
+                  "weights_url": WEIGHTS_URL, "label": "lantern_crop_lanczos256+clean_fid_bicubic299"},
+    "pytorch_fid": {"preprocess": pytorch_fid_preprocess, "input_norm": "pytorch_fid", "weights_name": PT_WEIGHTS_NAME,
+                    "weights_url": PT_WEIGHTS_URL, "label": "pytorch_fid_bilinear299"},
 }
 
 
@@ -450,16 +452,16 @@ class InceptionFeatureExtractor(FeatureExtractor):
         self.model = model.to(self.device).eval()
         self.preprocess = preprocess
         self.input_norm = input_norm
-        known = {(v["preprocess"], v["input_norm"]): v["protocol"] for v in FID_PROTOCOLS.values()}
+        known = {(v["preprocess"], v["input_norm"]): v["label"] for v in FID_RECIPES.values()}
         self.protocol = known.get((preprocess, input_norm),
                                   f"{getattr(preprocess, '__name__', repr(preprocess))}+{input_norm}")
 
     @classmethod
     def from_file(cls, path: str | os.PathLike | None = None, batch_size: int = 64,
-                  device: str | torch.device = "cpu", fid_protocol: str = "lantern", **kw) -> "InceptionFeatureExtractor":
-        """The extractor of ``FID_PROTOCOLS[fid_protocol]`` (its preprocessing, normalisation and
+                  device: str | torch.device = "cpu", recipe: str = "clean_fid", **kw) -> "InceptionFeatureExtractor":
+        """The extractor of ``FID_RECIPES[recipe]`` (its preprocessing, normalisation and
         weight file name in errors) with the weights at ``path``."""
-        p = FID_PROTOCOLS[fid_protocol]
+        p = FID_RECIPES[recipe]
         model = load_inception(path, device, weights_name=p["weights_name"], weights_url=p["weights_url"])
         return cls(model, batch_size, device, preprocess=p["preprocess"], input_norm=p["input_norm"], **kw)
 

@@ -28,47 +28,61 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from coolsd.metrics.clip_score import CLIP_FILES, CLIP_HF_REPO, CLIP_SOURCE
-from coolsd.metrics.clip_torchmetrics import SJD_CLIP_FILES, SJD_CLIP_HF_REPO, SJD_CLIP_SOURCE
-from coolsd.metrics.inception import FID_PROTOCOLS, PT_WEIGHTS_NAME, PT_WEIGHTS_URL, WEIGHTS_NAME, WEIGHTS_URL
+from functools import partial
+
+from coolsd.metrics.clip_score import CLIP_FILES, CLIP_HF_REPO, CLIP_SOURCE, ClipScorer
+from coolsd.metrics.clip_torchmetrics import SJD_CLIP_FILES, SJD_CLIP_HF_REPO, SJD_CLIP_SOURCE, TorchmetricsClipScorer
+from coolsd.metrics.inception import (
+    PT_WEIGHTS_NAME,
+    PT_WEIGHTS_URL,
+    WEIGHTS_NAME,
+    WEIGHTS_URL,
+    default_inception_path,
+)
+from coolsd.metrics.registry import PROTOCOLS, InputSpec, Protocol, register_protocol
 from coolsd.util.errors import ConfigError
 from coolsd.util.loading import BadInputFile, require_file
 
-PROTOCOLS = ("lantern", "sjd")
+# what a hub CLIP folder is fetched with: config, tokenizer files, one weight format
+CLIP_FETCH = ("*.json", "*.txt", ("model.safetensors", "pytorch_model.bin"))
+_INCEPTION_HELP = ("FID Inception weights: weights-inception-2015-12-05-6726825d.pth (lantern) or "
+                   "pt_inception-2015-12-05-6726825d.pth (sjd) (default: torch hub cache)")
+_CLIP_HELP = "local CLIP folder: openai/clip-vit-base-patch32 (lantern) or -patch16 (sjd)"
 
-# protocol -> input flag -> (environment variable of its default, name in errors, source, folder?, contents)
-INPUTS = {
-    "lantern": {
-        "--clip": ("CLIP_DIR", "CLIP model folder", CLIP_SOURCE, True, CLIP_FILES),
-        "--inception": ("INCEPTION_WEIGHTS", "Inception weights", WEIGHTS_URL, False, ()),
+register_protocol(Protocol(
+    "lantern", "LANTERN, LANTERN++, COOL-SD: clean-fid FID, CLIP ViT-B/32 raw cosine with 'A photo depicts '",
+    inputs={
+        "--clip": InputSpec("--clip", _CLIP_HELP, "CLIP model folder", CLIP_SOURCE, "CLIP_DIR", True, CLIP_FILES,
+                            CLIP_FETCH, hub=f"hf://{CLIP_HF_REPO}"),
+        "--inception": InputSpec("--inception", _INCEPTION_HELP, "Inception weights", WEIGHTS_URL, "INCEPTION_WEIGHTS",
+                                 default=partial(default_inception_path, WEIGHTS_NAME)),
     },
-    "sjd": {
-        "--clip": ("CLIP_B16_DIR", "CLIP ViT-B/16 model folder", SJD_CLIP_SOURCE, True, SJD_CLIP_FILES),
-        "--inception": ("PT_INCEPTION_WEIGHTS", "pytorch-fid Inception weights", PT_WEIGHTS_URL, False, ()),
-    },
-}
+    description={"fid": "clean-fid clean (LANTERN crop + LANCZOS 256, PIL float bicubic 299), " + WEIGHTS_NAME,
+                 "clip_score": f"{CLIP_HF_REPO} raw cosine, prefix 'A photo depicts '",
+                 "prompts": "COCO 2017 val, longest caption of each of the 5,000 images"},
+    fid_recipe="clean_fid", clip=ClipScorer, prompt_sets=("coco",)))
 
-DESCRIPTION = {
-    "lantern": {"fid": "clean-fid clean (LANTERN crop + LANCZOS 256, PIL float bicubic 299), " + WEIGHTS_NAME,
-                "clip_score": f"{CLIP_HF_REPO} raw cosine, prefix 'A photo depicts '",
-                "prompts": "COCO 2017 val, longest caption of each of the 5,000 images"},
-    "sjd": {"fid": "pytorch-fid (torch bilinear 299, no crop), " + PT_WEIGHTS_NAME,
-            "clip_score": f"torchmetrics CLIPScore {SJD_CLIP_HF_REPO}, 100 x cosine, no prefix, bilinear 299 first",
-            "prompts": "COCO 2017 val (longest caption per image) or PartiPrompts (--parti-tsv)"},
-}
+register_protocol(Protocol(
+    "sjd", "SJD, MC-SJD, GSD: pytorch-fid FID, torchmetrics CLIPScore ViT-B/16 x 100; COCO or PartiPrompts",
+    inputs={
+        "--clip": InputSpec("--clip", _CLIP_HELP, "CLIP ViT-B/16 model folder", SJD_CLIP_SOURCE, "CLIP_B16_DIR", True,
+                            SJD_CLIP_FILES, CLIP_FETCH, hub=f"hf://{SJD_CLIP_HF_REPO}"),
+        "--inception": InputSpec("--inception", _INCEPTION_HELP, "pytorch-fid Inception weights", PT_WEIGHTS_URL,
+                                 "PT_INCEPTION_WEIGHTS", default=partial(default_inception_path, PT_WEIGHTS_NAME)),
+    },
+    description={"fid": "pytorch-fid (torch bilinear 299, no crop), " + PT_WEIGHTS_NAME,
+                 "clip_score": f"torchmetrics CLIPScore {SJD_CLIP_HF_REPO}, 100 x cosine, no prefix, bilinear 299 first",
+                 "prompts": "COCO 2017 val (longest caption per image) or PartiPrompts (--parti-tsv)"},
+    fid_recipe="pytorch_fid", clip=TorchmetricsClipScorer, prompt_sets=("coco", "parti")))
 
 PARTI_SOURCE = "PartiPrompts.tsv from https://github.com/google-research/parti (1,632 prompts, a 'Prompt' column)"
 
 
 def check_protocol(name: str) -> str:
+    """``name`` if it is a registered protocol, else a ``ConfigError`` naming the closest one."""
     if name not in PROTOCOLS:
-        raise ConfigError(f"unknown --protocol {name!r}; valid: {', '.join(PROTOCOLS)}")
+        raise ConfigError(PROTOCOLS.unknown(name).replace("unknown protocol", "unknown --protocol", 1))
     return name
-
-
-def fid_protocol(name: str) -> dict:
-    """The FID feature recipe of a protocol (``coolsd.metrics.inception.FID_PROTOCOLS``)."""
-    return FID_PROTOCOLS[check_protocol(name)]
 
 
 def read_parti_prompts(path) -> list[str]:

@@ -30,8 +30,9 @@ from coolsd.metrics.fid import (
     frechet_distance_sym,
     sqrt_psd,
 )
+from coolsd.metrics.registry import declare_metric
 from coolsd.toy.scenes import ATTRIBUTES, render_batch
-from coolsd.util.stats import FRACTION, NULL_REASON, mean_ci
+from coolsd.util.stats import FRACTION, NULL_REASON, POSITIVE, mean_ci
 
 
 def _labels(a, name: str) -> np.ndarray:
@@ -346,3 +347,19 @@ def toy_quality(extractor, images: dict, scenes, n_resamples: int = 200) -> dict
             e.update({k + NULL_REASON: why for k in ("toy_fid", "toy_fid_minus_ar") if k in e})
         out[tag] = e
     return out
+
+
+# the toy metrics' facts (coolsd.metrics.registry): each stands in for the field's metric in a paper's
+# table layout and is never that metric
+declare_metric("toy_clip", higher_is_better=True, computed_by="world", label="toy_clip", digits=3,
+               domain=(FRACTION, 0.0), pareto=True, stands_for="clip_score",
+               doc="fraction of a caption's attributes the toy feature network predicts from the image (toy world only)")
+declare_metric("toy_fid", higher_is_better=False, computed_by="world", label="toy_fid", digits=1, pareto=True,
+               stands_for="fid", domain=(POSITIVE, 0.0),
+               doc="Frechet distance of toy-network features to renders of the same scenes (toy world only)")
+declare_metric("toy_precision", higher_is_better=True, computed_by="world", label="toy_precision", digits=3,
+               domain=(FRACTION, 0.0),
+               doc="k-NN precision of toy-network features against the renders (toy world only)")
+declare_metric("toy_recall", higher_is_better=True, computed_by="world", label="toy_recall", digits=3,
+               domain=(FRACTION, 0.0),
+               doc="k-NN recall of toy-network features against the renders (toy world only)")

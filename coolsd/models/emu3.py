@@ -73,8 +73,8 @@ import torch
 import torch.nn.functional as F
 
 from coolsd.engine import batch_invariant
-from coolsd.engine.decoding.sampling import cfg_combine
 from coolsd.engine.model_protocol import StepOut, id_list
+from coolsd.models.guided import right_padded
 from coolsd.models.janus import run_tree_masked
 from coolsd.models.kv_cache import KVCache
 from coolsd.models.row_ends import RowEndTarget
@@ -231,23 +231,14 @@ class Emu3Target(RowEndTarget):
 
     def _new_cache(self, n: int, prefix_len: int) -> KVCache:
         m = self.model
-        shape = (m.n_layers, n, m.n_kv_heads, m.head_dim, m.dtype, m.device)
         # the sequence's known maximum: prefix, every image token, an end-of-line per row and the pending
         # entries of a round (cache_headroom), so a decode never grows the cache
-        need = prefix_len + self.n_image_tokens + self.h_latent + self.cache_headroom
-        if self.cache is not None and self.cache.matches(*shape) and self.cache.fits(need):
-            self.cache.reset(max_committed=need - self.cache_headroom)
-            return self.cache
-        self.cache = None  # the old cache's last reference: freed before the new one is allocated
-        return KVCache(*shape[:4], -(-need // 64) * 64, m.dtype, m.device, max_committed=need - self.cache_headroom)
+        committed = prefix_len + self.n_image_tokens + self.h_latent
+        return self._cache_for((m.n_layers, n, m.n_kv_heads, m.head_dim, m.dtype, m.device),
+                               committed + self.cache_headroom, 64, committed)
 
     def _out(self, hidden: torch.Tensor) -> StepOut:
-        logits = self.model.logits(hidden, self._rows)
-        B = self.batch_size
-        if self.guided:
-            logits = cfg_combine(logits[:B], logits[B:], self.cfg_scale)
-            return StepOut(logits=logits, hidden=torch.stack([hidden[:B], hidden[B:]], dim=2))
-        return StepOut(logits=logits, hidden=hidden)
+        return self._guided_out(self.model.logits(hidden, self._rows), hidden)
 
     def _prompts(self, cond: Any, batch_size: int) -> list[tuple[list[int], list[int]]]:
         if not isinstance(cond, Sequence) or len(cond) != batch_size:
@@ -276,11 +267,7 @@ class Emu3Target(RowEndTarget):
             return self._begin_alone(prompts)
         rows = [p for p, _ in prompts] + ([n for _, n in prompts] if self.guided else [])
         n = len(rows)
-        lens = torch.tensor([len(r) for r in rows], device=dev)
-        L = max(len(r) for r in rows)
-        ids = torch.zeros(n, L, dtype=torch.long, device=dev)  # right padded; pads never seen
-        for b, r in enumerate(rows):
-            ids[b, : len(r)] = torch.tensor(r, device=dev)
+        ids, lens, L = right_padded(rows, dev)
         self.cache = self._new_cache(n, L)
         causal = torch.ones(L, L, dtype=torch.bool, device=dev).tril()
         hidden = self.model.run(ids, torch.arange(L, device=dev).expand(n, L), self.cache, causal, valid=lens)

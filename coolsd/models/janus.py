@@ -67,9 +67,9 @@ import torch
 
 from coolsd.engine import batch_invariant
 from coolsd.engine.batch_invariant import commit_each, forward_each
-from coolsd.engine.decoding.sampling import cfg_combine
 from coolsd.engine.host_reads import host_checks
 from coolsd.engine.model_protocol import StepOut, id_list
+from coolsd.models.guided import GuidedCacheModel, right_padded
 from coolsd.models.kv_cache import CacheStep, KVCache
 from coolsd.util.loading import BadInputFile, MissingInputFile, reading
 
@@ -199,7 +199,7 @@ def _cache_keyword(cls) -> str:
 
 
 # ---------------------------------------------------------------------------------------- target
-class JanusTarget:
+class JanusTarget(GuidedCacheModel):
     """``ImageTarget`` over a transformers ``JanusForConditionalGeneration`` (module docstring).
 
     ``cond`` for ``begin``: B prompt-id sequences (lists or 1-D tensors, any lengths, each ending
@@ -237,24 +237,11 @@ class JanusTarget:
         t = cfg.text_config
         self._kv_shape = (int(t.num_hidden_layers), int(t.num_key_value_heads),
                           int(getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads))
-        self.cache: Optional[KVCache] = None
-        self.batch_size = 0
         self._alone: Optional[list] = None  # under coolsd.engine.batch_invariant: one batch-1 target per sample
-
-    @property
-    def guided(self) -> bool:
-        return self.cfg_scale != 1.0
-
-    @property
-    def device(self) -> torch.device:
-        return self.model.device
 
     @property
     def dtype(self) -> torch.dtype:
         return self.model.dtype
-
-    def _double(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([x, x]) if self.guided else x
 
     def unconditional(self, ids: list[int]) -> list[int]:
         """transformers' unconditional prompt: every id that is neither BOS nor ``<begin_of_image>``
@@ -263,17 +250,11 @@ class JanusTarget:
         return [t if t in keep else self.tokens.pad for t in ids]
 
     def _new_cache(self, n: int, prefix_len: int) -> KVCache:
-        layers, heads, head_dim = self._kv_shape
-        shape = (layers, n, heads, head_dim, self.dtype, self.device)
         # the sequence's known maximum: prompt, every image token and a round's pending entries
-        need = prefix_len + self.n_image_tokens + self.cache_headroom
-        if self.cache is not None and self.cache.matches(*shape) and self.cache.fits(need):
-            self.cache.reset(max_committed=need - self.cache_headroom)
-        else:
-            self.cache = None  # the old cache's last reference: freed before the new one is allocated
-            self.cache = KVCache(layers, n, heads, head_dim, -(-need // 64) * 64, self.dtype, self.device,
-                                 max_committed=need - self.cache_headroom)
-        return self.cache
+        layers, heads, head_dim = self._kv_shape
+        committed = prefix_len + self.n_image_tokens
+        return self._cache_for((layers, n, heads, head_dim, self.dtype, self.device), committed + self.cache_headroom,
+                               64, committed)
 
     def _run(self, embeds: torch.Tensor, positions: torch.Tensor, attend: torch.Tensor,
              valid: Optional[torch.Tensor] = None, by_position: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -284,12 +265,7 @@ class JanusTarget:
 
     def _out(self, hidden: torch.Tensor) -> StepOut:
         logits = self.model.model.generation_head(hidden)
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-        B = self.batch_size
-        if self.guided:
-            return StepOut(logits=cfg_combine(logits[:B], logits[B:], self.cfg_scale),
-                           hidden=torch.stack([hidden[:B], hidden[B:]], dim=2))
-        return StepOut(logits=logits, hidden=hidden)
+        return self._guided_out(logits.to(torch.promote_types(logits.dtype, torch.float32)), hidden)
 
     # ------------------------------------------------------------------ protocol
     @torch.no_grad()
@@ -314,11 +290,7 @@ class JanusTarget:
             return self._begin_alone(prompts)
         rows = prompts + ([self.unconditional(p) for p in prompts] if self.guided else [])
         n = len(rows)
-        lens = torch.tensor([len(r) for r in rows], device=dev)
-        L = max(len(r) for r in rows)
-        ids = torch.zeros(n, L, dtype=torch.long, device=dev)  # right padded; pads never seen
-        for b, r in enumerate(rows):
-            ids[b, : len(r)] = torch.tensor(r, device=dev)
+        ids, lens, L = right_padded(rows, dev)
         self._new_cache(n, L)
         causal = torch.ones(L, L, dtype=torch.bool, device=dev).tril()
         embeds = self.model.get_input_embeddings()(ids)

@@ -32,9 +32,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from coolsd.engine.compiled import compile_step, compiling
-from coolsd.engine.decoding.sampling import cfg_combine
 from coolsd.engine.model_protocol import StepOut
 from coolsd.models.blocks import RMSNorm, compute_dtype as _compute_dtype
+from coolsd.models.guided import GuidedCacheModel
 from coolsd.models.kv_cache import CacheStep, KVCache
 from coolsd.util.loading import BadInputFile, MissingInputFile, check_state_dict, read_json, read_torch_checkpoint
 
@@ -347,7 +347,7 @@ class LlamaGenGPT(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------- target
-class LlamaGenTarget:
+class LlamaGenTarget(GuidedCacheModel):
     """``ImageTarget`` over a ``LlamaGenGPT``, with classifier-free guidance by batch doubling.
 
     Internally the batch is [cond half; uncond half] (upstream order) when ``cfg_scale > 1``;
@@ -381,8 +381,6 @@ class LlamaGenTarget:
         cfg = model.config
         self.vocab_size = cfg.vocab_size
         self.n_image_tokens = cfg.block_size
-        self.cache: Optional[KVCache] = None
-        self.batch_size = 0
         # compile: the decode / tree forwards under torch.compile over a static cache (coolsd.engine.compiled)
         self.compiled = bool(compile)
         self._step_fn = compile_step(self._step, model.device) if compile else self._step
@@ -395,35 +393,14 @@ class LlamaGenTarget:
         1.0``): a scale <= 1 gives the cond-only logits, unguided."""
         return self.cfg_scale > 1.0
 
-    @property
-    def device(self) -> torch.device:
-        return self.model.device
-
-    def _double(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([x, x]) if self.guided else x
-
     def _new_cache(self, n: int) -> KVCache:
         cfg, m = self.model.config, self.model
-        shape = (cfg.n_layer, n, cfg.n_head, cfg.head_dim, m.dtype, m.device)
-        max_len = -(-(cfg.cls_token_num + cfg.block_size + self.cache_headroom) // 8) * 8
-        if self.cache is not None and self.cache.matches(*shape) and self.cache.fits(max_len):
-            self.cache.reset()
-            return self.cache
-        self.cache = None  # the old cache's last reference: freed before the new one is allocated (peak: one cache)
-        return KVCache(cfg.n_layer, n, cfg.n_head, cfg.head_dim, max_len, m.dtype, m.device, static=self.compiled,
-                       max_committed=cfg.cls_token_num + cfg.block_size)
-
-    def _halves(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(2B, m, H) -> (B, m, 2, H) = [cond, uncond] when guided: EAGLE drafters run their own CFG."""
-        B = self.batch_size
-        return torch.stack([hidden[:B], hidden[B:]], dim=2) if self.guided else hidden
+        committed = cfg.cls_token_num + cfg.block_size  # the condition and every image token
+        return self._cache_for((cfg.n_layer, n, cfg.n_head, cfg.head_dim, m.dtype, m.device),
+                               committed + self.cache_headroom, 8, committed)
 
     def _out(self, hidden: torch.Tensor) -> StepOut:
-        logits = self.model.logits(hidden)
-        B = self.batch_size
-        if self.guided:
-            logits = cfg_combine(logits[:B], logits[B:], self.cfg_scale)
-        return StepOut(logits=logits, hidden=self._halves(hidden))
+        return self._guided_out(self.model.logits(hidden), hidden)
 
     @torch.no_grad()
     def begin(self, cond: Any, batch_size: int, context: Optional[StepOut] = None) -> StepOut:

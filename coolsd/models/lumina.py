@@ -53,10 +53,10 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 
 from coolsd.engine import batch_invariant
-from coolsd.engine.decoding.sampling import cfg_combine
 from coolsd.engine.model_protocol import StepOut, id_list
 from coolsd.models.chameleon import HF_SOURCE, ChameleonLM, load_chameleon
 from coolsd.models.chameleon_vq import CHAMELEON_VQGAN, load_vqgan
+from coolsd.models.guided import right_padded
 from coolsd.models.kv_cache import KVCache
 from coolsd.models.row_ends import RowEndTarget
 from coolsd.util.loading import reading
@@ -224,24 +224,14 @@ class LuminaTarget(RowEndTarget):
 
     def _new_cache(self, n: int, prefix_len: int) -> KVCache:
         cfg, m = self.model.config, self.model
-        shape = (cfg.num_layers, n, cfg.num_heads, cfg.head_dim, m.dtype, m.device)
         # the sequence's known maximum: prefix, every image token, a newline per row and the pending
         # entries of a round (cache_headroom), so a decode never grows the cache
-        need = prefix_len + self.n_image_tokens + self.h_latent + self.cache_headroom
-        if self.cache is not None and self.cache.matches(*shape) and self.cache.fits(need):
-            self.cache.reset(max_committed=need - self.cache_headroom)
-            return self.cache
-        self.cache = None  # the old cache's last reference: freed before the new one is allocated (peak: one cache)
-        return KVCache(cfg.num_layers, n, cfg.num_heads, cfg.head_dim, -(-need // 64) * 64, m.dtype, m.device,
-                       static=self.compiled, max_committed=need - self.cache_headroom)
+        committed = prefix_len + self.n_image_tokens + self.h_latent
+        return self._cache_for((cfg.num_layers, n, cfg.num_heads, cfg.head_dim, m.dtype, m.device),
+                               committed + self.cache_headroom, 64, committed)
 
     def _out(self, hidden: torch.Tensor) -> StepOut:
-        logits = self.model.logits(hidden, rows=self._rows)
-        B = self.batch_size
-        if self.guided:
-            logits = cfg_combine(logits[:B], logits[B:], self.cfg_scale)
-            return StepOut(logits=logits, hidden=torch.stack([hidden[:B], hidden[B:]], dim=2))
-        return StepOut(logits=logits, hidden=hidden)
+        return self._guided_out(self.model.logits(hidden, rows=self._rows), hidden)
 
     # ------------------------------------------------------------------ protocol
     @torch.no_grad()
@@ -265,11 +255,7 @@ class LuminaTarget(RowEndTarget):
         prefix = self.structural_prefix
         rows = [p + prefix for p in prompts] + ([prefix] * batch_size if self.guided else [])
         n = len(rows)
-        lens = torch.tensor([len(r) for r in rows], device=dev)
-        L = max(len(r) for r in rows)  # host-known: no read of ``lens``
-        ids = torch.zeros(n, L, dtype=torch.long, device=dev)  # right padded; pads never seen
-        for b, r in enumerate(rows):
-            ids[b, : len(r)] = torch.tensor(r, device=dev)
+        ids, lens, L = right_padded(rows, dev)
         self.cache = self._new_cache(n, L)
         causal = torch.ones(L, L, dtype=torch.bool, device=dev).tril()
         hidden = model.run(model.embed(ids), torch.arange(L, device=dev).expand(n, L), self.cache, causal, valid=lens)
@@ -285,7 +271,7 @@ class LuminaTarget(RowEndTarget):
             src = (ar.unsqueeze(0) - (L - lens).unsqueeze(1))  # (n, L) source index, < 0 = padding
             feats = hidden.gather(1, src.clamp(min=0).unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
             feats = feats.masked_fill((src < 0).unsqueeze(-1), 0.0)
-            out.hidden = torch.stack([feats[:batch_size], feats[batch_size:]], dim=2) if self.guided else feats
+            out.hidden = self._halves(feats)
         return out
 
     def _begin_alone(self, prompts: list) -> StepOut:

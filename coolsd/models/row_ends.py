@@ -31,6 +31,7 @@ from coolsd.engine.batch_invariant import commit_each, forward_each
 from coolsd.engine.compiled import compile_step
 from coolsd.engine.host_reads import host_checks
 from coolsd.engine.model_protocol import StepOut
+from coolsd.models.guided import GuidedCacheModel
 from coolsd.models.kv_cache import KVCache
 
 
@@ -112,7 +113,7 @@ def kept_entries(keep: torch.Tensor, n_keep: torch.Tensor, p_int: torch.Tensor,
     return pair.gather(1, order), valid.sum(1)
 
 
-class RowEndTarget:
+class RowEndTarget(GuidedCacheModel):
     """``forward`` and ``commit`` of an image target whose sequence has an end-of-line after every
     row (module docstring). The target's ``__init__`` sets ``model`` (with a ``device``) and
     ``cfg_scale`` and calls ``_init_grid``; its ``begin`` sets ``cache`` (a ``KVCache``),
@@ -139,17 +140,6 @@ class RowEndTarget:
         self.cache = None
         self.batch_size = 0
         self._alone: Optional[list] = None  # under coolsd.engine.batch_invariant: one batch-1 target per sample
-
-    @property
-    def device(self) -> torch.device:
-        return self.model.device
-
-    @property
-    def guided(self) -> bool:
-        return self.cfg_scale != 1.0
-
-    def _double(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([x, x]) if self.guided else x
 
     def logical_offset(self, j: torch.Tensor) -> torch.Tensor:
         """Position of image token j relative to the first image token: j + j // w_latent."""

@@ -38,6 +38,7 @@ from PIL import Image
 
 from coolsd.cli.runner import one_line_errors
 from coolsd.job.summary import AR, fastest_ar, metric_ci
+from coolsd.metrics.registry import METRICS
 from coolsd.metrics.token_maps import token_grid
 from coolsd.report.consolidate import baseline_identity, configuration_labels, find_runs, run_settings
 from coolsd.report.plots import pareto_plot
@@ -51,7 +52,6 @@ from coolsd.util.stats import ratio_ci
 CORE = ("accepted_length", "latency_s", "speedup", "speedup_vs_fastest_ar", "step_tv", "target_nll_minus_ar")
 # headers that must not read alike: the two speed-ups differ in their AR (coolsd.job.summary.FASTEST_AR_REFERENCE)
 HEADERS = {"speedup": "speed-up (same-mode AR)", "speedup_vs_fastest_ar": "speed-up (fastest AR)"}
-PARETO_METRICS = ("fid", "toy_fid", "clip_score", "toy_clip", "image_reward", "step_tv")
 # record fields that are a per-image number but not a metric of the method
 NOT_METRICS = {"prompt_index", "seed", "batch_size", "compilations"}
 # speed diagnostics shown only with "all columns"
@@ -75,9 +75,19 @@ class Run:
             raise MissingRunsError(f"no records in {self.folder / 'samples.jsonl'}")
         if table is None and (self.folder / "summary.json").exists():
             table = json.loads((self.folder / "summary.json").read_text()).get("results")
-        self.table = table or table_from_records(self.records)
+        self.table = with_evaluated_metrics(table or table_from_records(self.records), self.folder)
         self.settings, self.set_keys = run_settings(self.folder)
         self.target = self.settings.get("target", self.settings.get("target.name", "?"))
+
+
+def with_evaluated_metrics(table: dict, folder: Path) -> dict:
+    """``table`` with the image metrics ``python -m coolsd.cli.evaluate`` wrote into the run folder
+    (``metrics.json``: every registered metric of each method tag, its protocol named in its entry)."""
+    path = folder / "metrics.json"
+    if not path.exists():
+        return table
+    evaluated = json.loads(path.read_text()).get("per_method", {})
+    return {tag: {**e, **{k: v for k, v in evaluated.get(tag, {}).items() if k in METRICS}} for tag, e in table.items()}
 
 
 def table_from_records(records: list[dict]) -> dict:
@@ -310,7 +320,7 @@ def build_page(runs: list[Run], out: Path, *, title: str = "Method comparison", 
     # the Pareto plots
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            files = pareto_plot(df, Path(tmp) / "pareto.png", list(PARETO_METRICS),
+            files = pareto_plot(df, Path(tmp) / "pareto.png", METRICS.names(pareto=True),
                                 "Quality against acceleration (95% CIs)")
             pareto = f'<img id="pareto" alt="Pareto plots" src="{_data_uri(files[0].read_bytes())}">'
         except ValueError as e:  # no quality metric with values: say so on the page

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-LOWER_IS_BETTER = {"fid", "toy_fid", "step_tv", "step_kl", "off_support"}  # the exact distortion signals
+from coolsd.metrics.registry import lower_is_better
+
 X_LABELS = {"accepted_length": "accepted length (tokens / round)", "speedup": "speed-up over same-mode AR (same run)",
             "speedup_vs_fastest_ar": "speed-up over the fastest AR (same run)"}
 DPI = 120
@@ -141,7 +142,8 @@ def pareto_figure(df: pd.DataFrame, metrics: list[str], title: str,
                 shown.append(g[[x, metric, "tag"]].to_numpy())
             points[row, col] = np.concatenate(shown) if shown else np.empty((0, 3), dtype=object)
             ax.set_xlabel(X_LABELS.get(x, x))
-            ax.set_ylabel(metric + (" (lower is better)" if metric in LOWER_IS_BETTER else " (higher is better)"))
+            lower = lower_is_better(metric)  # the metric's registered direction (None: not a registered metric)
+            ax.set_ylabel(metric + ("" if lower is None else " (lower is better)" if lower else " (higher is better)"))
             ax.grid(alpha=0.3)
             ax.margins(0.15)  # room inside the axes for the labels of the outermost points
     legend = axes[0, 0].legend(fontsize=8)

@@ -54,8 +54,8 @@ def sweep_missing_inputs(cfg, metrics: dict) -> list[str]:
 def real_table2_sweep(target: str, prompts: int, records: Path, scorers: dict, overrides=(), device=None,
                       configs=None, world=None) -> dict:
     """Runs every row through the generation job on one loaded world, then the metrics.
-    ``scorers``: keyword arguments of ``evaluate_run`` (clip, image_reward, inception +
-    reference); ``configs``: (tag, job config) rows (default: Table 2's, ``row_configs``; one of
+    ``scorers``: keyword arguments of ``evaluate_run`` (``scorers``: {metric: ``Scorer``}, ``protocol``,
+    optionally ``parti_tsv``); ``configs``: (tag, job config) rows (default: Table 2's, ``row_configs``; one of
     them AR); ``world``: the loaded world to run them on (default: loaded from the first config);
     returns {"env", "table", "runs"}."""
     configs = configs or row_configs(target, prompts, records, overrides)
@@ -77,10 +77,8 @@ def real_table2_sweep(target: str, prompts: int, records: Path, scorers: dict, o
         e = dict(summaries[label])
         e["speedup"] = speedup_against(ar_runs[AR], recs)
         e["speedup_vs_fastest_ar"], e["fastest_ar"] = speedup_against(ar_runs[fastest], recs), fastest
-        metrics = evaluate_run(dirs[label], **scorers)["per_method"]
-        for m in ("clip_score", "image_reward", "fid"):
-            if m in metrics.get(cfg.method.name, {}):
-                e[m] = metrics[cfg.method.name][m]
+        metrics = evaluate_run(dirs[label], **scorers)["per_method"].get(cfg.method.name, {})
+        e.update({m: metrics[m] for m in scorers["scorers"] if m in metrics})
         table[label] = e
     env = {"target": target, "prompts": prompts, "device": str(world.device), "batch_size": 1, "generation_seconds": gen_s,
            "records": str(records), "speedup_reference": "the AR row: same prompts, seeds and machine, same sweep",

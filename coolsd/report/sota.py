@@ -32,7 +32,8 @@ import pandas as pd
 from coolsd.cli.runner import compose
 from coolsd.engine import plugins
 from coolsd.engine.methods import check_method, method_info
-from coolsd.metrics.protocols import DESCRIPTION, read_parti_prompts
+from coolsd.metrics.protocols import read_parti_prompts
+from coolsd.metrics.registry import METRICS, PROTOCOLS, analogues, metric
 from coolsd.report.compare import paired_comparison
 from coolsd.report.paper import tag_of
 from coolsd.report.real_sweep import real_table2_sweep
@@ -60,6 +61,7 @@ SOTA_ROWS = [
 ]
 TOY_WINDOW = 8
 PARTI = "@parti"  # a row's tag on PartiPrompts (its own AR row, its own records folder)
+PARTI_SUFFIX = "_parti"  # a quality column's key on PartiPrompts (clip_score_parti)
 
 # each paper's own numbers on Lumina-mGPT / LlamaGen-XL, with the protocol they were measured under
 # (research notes: ../shared/research/sota_2026.md; COOL-SD Table 2: coolsd.report.paper)
@@ -94,7 +96,11 @@ REPORTED = {
 COLUMNS = {"tokens_per_forward": "tokens / target forward", "target_forwards": "target forwards / image",
            "latency_s": "latency (s)", "speedup": "speed-up vs same-mode AR",
            "speedup_vs_fastest_ar": "speed-up vs fastest AR", "step_tv": "step TV (sum/image)"}
-QUALITY = {"toy": ("toy_fid", "toy_clip"), "real": ("fid", "clip_score", "clip_score_parti")}
+# the quality columns: on real targets every metric evaluate computes (those a run has), CLIP on
+# PartiPrompts beside them; on the toy world the metrics registered as standing for them
+_REAL = METRICS.names(computed_by="evaluate")
+QUALITY = {"toy": tuple(analogues("world")[m] for m in _REAL if m in analogues("world")),
+           "real": (*_REAL, "clip_score" + PARTI_SUFFIX)}
 
 
 def has_trained_drafter(target: str) -> bool:
@@ -169,9 +175,11 @@ def write_tables(df: pd.DataFrame, out: Path, quality: tuple[str, ...], protocol
             "comparable only within that paper (different baselines, hardware and protocols; their speed-ups are "
             "against eager PyTorch AR).")
     if protocol is not None:
-        d = DESCRIPTION[protocol]
-        note += (f" Quality ({protocol} protocol): FID {d['fid']}; CLIP {d['clip_score']}; prompts {d['prompts']}"
-                 + ("; clip_score_parti: CLIP on PartiPrompts" if "clip_score_parti" in quality else "") + ".")
+        d = PROTOCOLS.get(protocol).description
+        said = "; ".join(f"{metric(m).header} {d[m]}" for m in quality if m in d)
+        note += (f" Quality ({protocol} protocol): {said}; prompts {d['prompts']}"
+                 + (f"; clip_score{PARTI_SUFFIX}: CLIP on PartiPrompts" if "clip_score" + PARTI_SUFFIX in quality else "")
+                 + ".")
     (out / "sota.md").write_text(note + "\n\n" + "\n".join(md) + "\n")
     df.to_csv(out / "sota.csv", index=False)
 
@@ -205,8 +213,10 @@ def main(argv=None):
                     help="an extra row: a registered method and its parameters, e.g. --row coolsd delta=1.5 schedule=linear")
     a = ap.parse_args(argv)
     if a.parti_tsv is not None:
-        if a.protocol != "sjd":
-            raise SystemExit(f"--parti-tsv is a prompt set of --protocol sjd, not {a.protocol} (SJD scores it by CLIP only)")
+        if "parti" not in PROTOCOLS.get(a.protocol).prompt_sets:
+            have = "/".join(p for p in PROTOCOLS.names() if "parti" in PROTOCOLS.get(p).prompt_sets)
+            raise SystemExit(f"--parti-tsv is a prompt set of --protocol {have}, not {a.protocol} (SJD scores it by "
+                             "CLIP only)")
         read_parti_prompts(a.parti_tsv)  # one line naming the file and its source if it is missing or malformed
     plugins.load(a.include)
     extra = [parse_row(w) for w in a.row]
@@ -294,11 +304,11 @@ def run_target(target: str, prompts, records: Path, scorers, overrides=(), extra
     by_tag = {tag: read_records(Path(res["runs"][tag]) / "samples.jsonl") for tag, _ in configs}
     if parti is not None:
         tsv, n = parti
-        clip_only = {k: v for k, v in scorers.items() if k not in ("inception", "reference", "image_reward")}
-        pres = real_table2_sweep(target, n, records, {**clip_only, "parti_tsv": tsv}, overrides,
+        clip_only = {"clip_score": scorers["scorers"]["clip_score"]}  # as SJD scores PartiPrompts
+        pres = real_table2_sweep(target, n, records, {**scorers, "scorers": clip_only, "parti_tsv": tsv}, overrides,
                                  configs=parti_configs(target, tsv, n, records, overrides, extra), world=world)
         for tag, _ in configs:
-            res["table"][tag]["clip_score_parti"] = pres["table"][tag + PARTI]["clip_score"]
+            res["table"][tag]["clip_score" + PARTI_SUFFIX] = pres["table"][tag + PARTI]["clip_score"]
         res["env"]["parti"] = {"tsv": str(tsv), "prompts": n, "runs": pres["runs"]}
 
     return res, by_tag, world_class(target).image_tokens(configs[0][1])

@@ -18,11 +18,7 @@ import pandas as pd
 import torch
 
 from coolsd.cli.evaluate import build_scorers
-from coolsd.metrics.image_reward import SOURCE as IR_SOURCE
-from coolsd.metrics.inception import FID_PROTOCOLS, default_inception_path
-from coolsd.metrics.protocols import INPUTS as PROTOCOL_INPUTS
-from coolsd.metrics.protocols import PROTOCOLS
-from coolsd.metrics.reference import COCO_IMAGES_SOURCE
+from coolsd.metrics.registry import PROTOCOLS, analogues, metric, protocol_inputs
 from coolsd.report.compare import paired_comparison
 from coolsd.report.paper import TABLE2_COLUMNS, table2_rows, tag_of
 from coolsd.report.plots import pareto_plot
@@ -32,16 +28,29 @@ from coolsd.util.records import read_records, write_json_atomic
 from coolsd.worlds import world_class
 
 SPEED = {c: c for c in ("accepted_length", "latency_s", "speedup")}
-# the paper's metric -> our summary key, per target; the toy worlds report their toy metrics in the
-# paper's places (toy_clip for CLIP, toy_fid for FID; no ImageReward); the lab has no image metric
-REAL_PAPER_METRICS = {"clip_score": "clip_score", "fid": "fid", "image_reward": "image_reward"}
-TOY_PAPER_METRICS = {"clip_score": "toy_clip", "fid": "toy_fid", "image_reward": None}
-PAPER_METRICS = {"toy": TOY_PAPER_METRICS, "toy_continuous": TOY_PAPER_METRICS, "tabular": {}}
+# the paper's quality columns (the columns of TABLE2_COLUMNS that are registered metrics)
+QUALITY_COLUMNS = tuple(c for c in TABLE2_COLUMNS if c not in ("accepted_length", "latency_s", "speedup"))
+
+
+def paper_metrics(target: str) -> dict:
+    """The paper's metric -> our summary key on ``target``: a real target reports the paper's own
+    metrics; a world that scores its images itself (the toy worlds) reports the metric registered as
+    standing for each (``MetricInfo.stands_for``: toy_clip for CLIP, toy_fid for FID; None where it
+    has none); a world without images (the lab) none."""
+    world_cls = world_class(target)
+    if not world_cls.makes_images:
+        return {}
+    if not world_cls.quality_reads_images:  # its images are scored by evaluate (the toy worlds score their own)
+        return {c: c for c in QUALITY_COLUMNS}
+    toy = analogues("world")
+    return {c: toy.get(c) for c in QUALITY_COLUMNS}
+
+
 # the per-token quality signals (ours only; docs/signals.md): exact distortion summed over the image, NLL shift of what was emitted vs AR
 SIGNALS = {"step_tv": "step TV (sum/image)", "target_nll_minus_ar": "target NLL - AR (nats/token)",
            "target_nll_expected_minus_ar": "expected target NLL - AR (nats/token)",
            "off_support_minus_ar": "off-support - AR (fraction)"}
-HEADERS = {"clip_score": "CLIP", "fid": "FID", "image_reward": "ImageReward", "accepted_length": "accepted length",
+HEADERS = {**{c: metric(c).header for c in QUALITY_COLUMNS}, "accepted_length": "accepted length",
            "latency_s": "latency (s)", "speedup": "speed-up (same-mode AR)"}
 # ours only, beside the paper's speed-up (which is against its eager PyTorch AR): the speed-up against the
 # fastest AR the run timed (coolsd.job.summary.FASTEST_AR_REFERENCE), then the quality signals
@@ -60,34 +69,40 @@ def check_target(target: str):
     return world_cls
 
 
+def real_metric_names(a) -> list[str]:
+    """The metrics a report computes on real targets: the paper's quality columns, ImageReward only
+    where its checkpoint is set."""
+    return [c for c in QUALITY_COLUMNS if c != "image_reward" or a.ir_checkpoint]
+
+
 def metric_inputs(a) -> dict:
     """name -> (path, source) of what the real-target metrics need under ``a.protocol``
-    (``coolsd.metrics.protocols``; ImageReward only when set)."""
-
-    clip_env, clip_name, clip_source = PROTOCOL_INPUTS[a.protocol]["--clip"][:3]
-    inc_env, inc_name, inc_source = PROTOCOL_INPUTS[a.protocol]["--inception"][:3]
-    weights = a.inception or default_inception_path(FID_PROTOCOLS[a.protocol]["weights_name"])
-    out = {clip_name: (a.clip, f"{clip_source} [${clip_env}]"),
-           inc_name: (weights, f"{inc_source} [${inc_env}]"),
-           "COCO val2017 images": (a.coco_images, f"{COCO_IMAGES_SOURCE} [$COCO_VAL_IMAGES]")}
-    if a.ir_checkpoint:
-        out["ImageReward checkpoint"] = (a.ir_checkpoint, IR_SOURCE)
-        out["ImageReward med_config"] = (a.ir_med_config, IR_SOURCE)
+    (their ``InputSpec``s, ``coolsd.metrics.registry``)."""
+    proto = PROTOCOLS.get(a.protocol)
+    out = {}
+    for name in real_metric_names(a):
+        for spec in protocol_inputs(proto, metric(name)):
+            value = getattr(a, spec.dest, None)
+            if value is None and spec.default is not None:
+                value = spec.default()
+            if value is None and spec.optional:
+                continue
+            out[spec.name] = (value, f"{spec.source}" + (f" [${spec.env}]" if spec.env else ""))
     return out
 
 
 def real_scorers(a) -> dict:
     """The metric networks of ``coolsd.cli.evaluate``, built once for every run of the sweep."""
-
-    return build_scorers(["clip_score", "fid"] + (["image_reward"] if a.ir_checkpoint else []), clip=a.clip,
-                         inception=a.inception, coco_images=a.coco_images, ir_checkpoint=a.ir_checkpoint,
-                         ir_med_config=a.ir_med_config, ir_python=a.ir_python, device=a.metrics_device,
-                         cache_dir=ROOT / "outputs" / "cache", fid_resamples=a.fid_resamples, protocol=a.protocol)
+    proto = PROTOCOLS.get(a.protocol)
+    inputs = {s.dest: getattr(a, s.dest, None) for m in real_metric_names(a) for s in protocol_inputs(proto, metric(m))}
+    return {"scorers": build_scorers(real_metric_names(a), device=a.metrics_device, cache_dir=ROOT / "outputs" / "cache",
+                                     fid_resamples=a.fid_resamples, protocol=a.protocol, **inputs),
+            "protocol": a.protocol}
 
 
 def build_table(target: str, table: dict) -> pd.DataFrame:
     df = sweep_frame(table).set_index("tag")
-    ours = {**PAPER_METRICS.get(target, REAL_PAPER_METRICS), **SPEED}
+    ours = {**paper_metrics(target), **SPEED}
     rows = []
     for r in table2_rows(target):
         tag = tag_of(r["method"], r["params"])
@@ -113,7 +128,8 @@ def build_table(target: str, table: dict) -> pd.DataFrame:
 
 def _cell(r, col, latex=False):
     v = r[f"{col}_ours"]
-    fmt = "{:.2f}" if col in ("fid", "accepted_length", "speedup") else "{:.4f}" if col != "latency_s" else "{:.3f}"
+    digits = metric(col).digits if col in QUALITY_COLUMNS else 3 if col == "latency_s" else 2
+    fmt = "{:.%df}" % digits
     lo, hi = r[f"{col}_lo"], r[f"{col}_hi"]
     ours = ("-" if v is None or pd.isna(v) else f"{fmt.format(v)} (no CI)" if lo is None or pd.isna(lo)
             else f"{fmt.format(v)} [{fmt.format(lo)}, {fmt.format(hi)}]")
@@ -180,7 +196,7 @@ def report_args(doc: str, name: str, toy_prompts: int, protocol: str = "lantern"
     ap.add_argument("--out", type=Path, default=ROOT / "results" / name)
     ap.add_argument("--records", type=Path, default=None, help=f"records folder (default outputs/{name}/<time>)")
     ap.add_argument("--override", action="append", default=[], help="a Hydra override for every real-target run")
-    ap.add_argument("--protocol", choices=PROTOCOLS, default=protocol,
+    ap.add_argument("--protocol", choices=PROTOCOLS.names(), default=protocol,
                     help=f"how CLIP score and FID are computed (coolsd.metrics.protocols; default {protocol})")
     ap.add_argument("--clip", default=None, help="CLIP folder (default: $CLIP_DIR, or $CLIP_B16_DIR under sjd)")
     ap.add_argument("--inception", default=None,
@@ -199,10 +215,9 @@ def report_prelude(a, name: str, make: str, configs):
     known and, for real ones, every input file present (one list, before any work starts);
     ``configs(target, prompts, records, overrides)``: its (tag, job config) rows."""
     targets = [t.strip() for t in a.targets.split(",") if t.strip()]
-    for flag in ("--clip", "--inception"):  # the protocol's environment variable where the flag is not given
-        dest = flag[2:]
-        if getattr(a, dest) is None:
-            setattr(a, dest, os.environ.get(PROTOCOL_INPUTS[a.protocol][flag][0]))
+    for spec in PROTOCOLS.get(a.protocol).inputs.values():  # its environment variable where the flag is not given
+        if getattr(a, spec.dest, None) is None and spec.env:
+            setattr(a, spec.dest, os.environ.get(spec.env))
     records_root = a.records or ROOT / "outputs" / name / time.strftime("%Y-%m-%d_%H-%M-%S")
     for t in targets:
         check_target(t)
@@ -228,12 +243,11 @@ def main(argv=None):
             res = toy_sweep(specs, a.prompts or 60, records_root / t)
             recs = read_records(records_root / t / "samples.jsonl")
             test = paired_comparison(recs, coolsd_tag, recs, lantern_tag)
-            metrics = ["toy_fid", "toy_clip"]
         else:
             res = real_table2_sweep(t, a.prompts or 5000, records_root / t, scorers, a.override)
             test = paired_comparison(read_records(Path(res["runs"][coolsd_tag]) / "samples.jsonl"), "coolsd",
                                      read_records(Path(res["runs"][lantern_tag]) / "samples.jsonl"), "lantern_pp")
-            metrics = ["fid", "clip_score", "image_reward"]
+        metrics = [m for m in paper_metrics(t).values() if m is not None]  # the target's quality columns
         summaries[t] = {"env": res["env"], "results": res["table"], "ttest_coolsd_1.1_vs_lantern_pp": test}
         frames.append(build_table(t, res["table"]))
         pareto_plot(sweep_frame(res["table"]), a.out / f"pareto_{t}.png", metrics,

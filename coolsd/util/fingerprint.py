@@ -25,6 +25,7 @@ import json
 import os
 from pathlib import Path
 
+from coolsd.util.hub import snapshot_repo_name
 from coolsd.util.records import sha256_file, write_json_atomic
 
 ANNOUNCE_BYTES = 1 << 30  # hashing a file this large takes seconds: say so
@@ -104,3 +105,13 @@ def code_commit(root) -> "str | None":
     except (OSError, subprocess.SubprocessError):
         return None
     return (sha + ("+dirty" if dirty else "")) if sha else None
+
+
+def file_identity(path) -> dict:
+    """A loaded file's (or folder's) identity in ``run.json``: name, bytes and content sha256
+    (``coolsd.util.fingerprint``: cached while the file is unchanged; never fooled by a same-size
+    replacement). A hub cache snapshot folder is named by its repo (``flan-t5-xl``), not its commit."""
+
+    fp = fingerprint(path)
+    repo = snapshot_repo_name(path)
+    return {**fp, "name": repo} if repo else fp

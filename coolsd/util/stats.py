@@ -23,7 +23,7 @@ an error naming them, except float noise: a value at most ``noise`` outside its 
 domain's ``lower``, or 0 and 1 of a fraction) is that bound computed with rounding (an exact 0
 computed in float32 can come out as -8e-7) and is set to the bound before anything else
 (``clamp_to_domain``, the one place this happens). ``noise`` defaults to ``FLOAT_NOISE``; a
-quantity summed from many float32 terms passes its own (``coolsd.job.summary.METRIC_NOISE``).
+quantity summed from many float32 terms passes its own (``MetricInfo.noise``, ``coolsd.metrics.signal_metrics``).
 Degenerate inputs: n = 1 has no interval (no ``ci95`` / ``lo`` / ``hi`` / ``half_width`` /
 ``std`` keys, ``no_ci: "n=1: no CI"``, printed as such); all-equal values give a zero-width
 interval, except 0/1 data, whose Wilson interval is never empty.
@@ -38,6 +38,9 @@ import numpy as np
 REAL, POSITIVE, FRACTION = "real", "positive", "fraction"
 DOMAINS = (REAL, POSITIVE, FRACTION)
 NULL_REASON = "_null_reason"  # a summary's "<metric>_null_reason": why <metric> is null (e.g. toy_fid at small n)
+# a summary entry's key for the prompts a world's quality metrics left out: {"n", "of", "prompt_indices",
+# "why"} (``coolsd.worlds.toy.toy_quality``); the printed summary says it (``coolsd.job.summary.summary_lines``)
+UNSCORED = "unscored_prompts"
 
 
 # how far outside its domain's bound a computed quantity may be and still read as the bound: a few

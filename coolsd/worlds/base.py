@@ -41,7 +41,8 @@ from coolsd.engine.methods import build_method
 from coolsd.engine.timing import device_sync
 from coolsd.prompts import load_prompts, prompt_file_dataset
 from coolsd.util.registry import Registry
-from coolsd.worlds.files import file_identity, run_missing_inputs
+from coolsd.util.fingerprint import file_identity
+from coolsd.worlds.files import run_missing_inputs
 from coolsd.worlds.presentation import (
     CONTINUOUS_COLUMNS,
     DISCRETE_SPEED_COLUMNS,
@@ -141,6 +142,12 @@ class World(ABC):
         """The prompts (each with ``.caption``), position i = prompt index ``offset + i``."""
 
         return load_prompts(cfg.dataset)
+
+    @classmethod
+    def prompt_rules(cls) -> str:
+        """What a prompt of this target may be, in words (``python run.py --list targets``); '': any
+        text its encoder reads."""
+        return ""
 
     @classmethod
     def check_prompts(cls, prompts: list, path) -> None:

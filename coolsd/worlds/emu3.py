@@ -31,8 +31,9 @@ from coolsd.engine.drafting import SamplingConfig
 from coolsd.models.emu3 import (EMU3_SOURCE, SPATIAL_FACTOR, Emu3Prompt, Emu3Target, generate_size, generation_prompt,
                                 load_emu3_target)
 from coolsd.util.loading import BadInputFile, reading
+from coolsd.util.fingerprint import file_identity
 from coolsd.worlds.base import DiscreteWorld, EncodedPromptWorld, draft_kind
-from coolsd.worlds.files import DTYPES, config_need, file_identity
+from coolsd.worlds.files import DTYPES, config_need
 from coolsd.worlds.presentation import REAL_TARGET_HINT, Presentation
 from coolsd.worlds.schema import TokenTargetSchema
 

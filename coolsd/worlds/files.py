@@ -19,7 +19,6 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from coolsd.models.kl16_vae import KLVAEConfig, load_kl16
 from coolsd.prompts.coco import SOURCE
 from coolsd.util import hub
-from coolsd.util.fingerprint import fingerprint
 from coolsd.util.loading import MissingInputFile
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
@@ -153,16 +152,6 @@ def with_local_files(cfg, needs):
         for key, path in local.items():
             OmegaConf.update(cfg, key, None if path is None else str(path), merge=False)
     return cfg
-
-
-def file_identity(path) -> dict:
-    """A loaded file's (or folder's) identity in ``run.json``: name, bytes and content sha256
-    (``coolsd.util.fingerprint``: cached while the file is unchanged; never fooled by a same-size
-    replacement). A hub cache snapshot folder is named by its repo (``flan-t5-xl``), not its commit."""
-
-    fp = fingerprint(path)
-    repo = hub.snapshot_repo_name(path)
-    return {**fp, "name": repo} if repo else fp
 
 
 def require_inputs(who: str, missing: list[str]) -> None:

@@ -25,7 +25,8 @@ from coolsd.models.harmon import HARMON_CONFIGS, HARMON_SOURCE, HarmonConfig, Qw
     load_harmon, set_null_prompt
 from coolsd.models.mar import MARConfig
 from coolsd.util.loading import BadInputFile
-from coolsd.worlds.files import architecture, config_need, file_identity
+from coolsd.util.fingerprint import file_identity
+from coolsd.worlds.files import architecture, config_need
 from coolsd.worlds.mar import KL16World
 from coolsd.worlds.schema import HeadSchema, TargetSchema
 

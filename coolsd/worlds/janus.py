@@ -23,8 +23,9 @@ from coolsd.engine.drafting import SamplingConfig
 from coolsd.models.janus import JanusTarget, JanusTokens, check_generation_config, load_janus, pixels_uint8, \
     prompt_ids
 from coolsd.util.loading import BadInputFile, read_json, reading
+from coolsd.util.fingerprint import file_identity
 from coolsd.worlds.base import DiscreteWorld, EncodedPromptWorld, draft_kind
-from coolsd.worlds.files import DTYPES, config_need, file_identity
+from coolsd.worlds.files import DTYPES, config_need
 from coolsd.worlds.presentation import REAL_TARGET_HINT, Presentation
 from coolsd.worlds.schema import TokenTargetSchema
 

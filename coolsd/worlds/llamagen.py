@@ -32,8 +32,9 @@ from coolsd.models.llamagen import (
 )
 from coolsd.models.llamagen_vq import VQ_16, VQ_SOURCE, VQConfig, load_llamagen_vq
 from coolsd.models.t5_text import T5_FILES, T5_SOURCE, T5CaptionEncoder
+from coolsd.util.fingerprint import file_identity
 from coolsd.worlds.base import DiscreteWorld, draft_kind
-from coolsd.worlds.files import DRAFTER_FOLDER, DTYPES, config_need, file_identity
+from coolsd.worlds.files import DRAFTER_FOLDER, DTYPES, config_need
 from coolsd.worlds.presentation import REAL_TARGET_HINT, Presentation
 from coolsd.worlds.schema import TokenTargetSchema
 

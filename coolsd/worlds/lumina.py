@@ -27,8 +27,9 @@ from coolsd.models.eagle.lumina import LUMINA_DRAFTER_SOURCE, LuminaEagleDrafter
 from coolsd.models.eagle.training import read_captions
 from coolsd.models.lumina import LuminaTarget, load_lumina_target, prompt_ids
 from coolsd.util.loading import reading
+from coolsd.util.fingerprint import file_identity
 from coolsd.worlds.base import DiscreteWorld, EncodedPromptWorld, draft_kind
-from coolsd.worlds.files import DRAFTER_FOLDER, DTYPES, config_need, file_identity
+from coolsd.worlds.files import DRAFTER_FOLDER, DTYPES, config_need
 from coolsd.worlds.presentation import REAL_TARGET_HINT, Presentation
 from coolsd.worlds.schema import TokenTargetSchema
 

@@ -17,8 +17,9 @@ from omegaconf import MISSING
 from coolsd.engine.continuous.generate import HeadConfig
 from coolsd.models.kl16_vae import KL16_SOURCE, decode_tokens
 from coolsd.models.mar import MAR_CONFIGS, MAR_SOURCE, MARConfig, load_mar
+from coolsd.util.fingerprint import file_identity
 from coolsd.worlds.base import ContinuousWorld, draft_kind
-from coolsd.worlds.files import DTYPES, architecture, config_need, file_identity, load_kl16_vae
+from coolsd.worlds.files import DTYPES, architecture, config_need, load_kl16_vae
 from coolsd.worlds.schema import HeadSchema, TargetSchema
 
 

@@ -1,12 +1,15 @@
 """How a world's run is shown: the printed summary table's columns, per-prompt rows and the
 hint printed after a run. Presentation only: what a world computes (its record metrics, paired
 differences, quality) stays on the world (``coolsd.worlds.base``); the paper's metric names per
-target are the report's (``coolsd.report.table2.PAPER_METRICS``).
+target are the report's (``coolsd.report.table2.paper_metrics``), each metric's header and decimals
+its registry entry's (``coolsd.metrics.registry``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import NamedTuple
+
+from coolsd.metrics.registry import METRICS, metric
 
 
 class Column(NamedTuple):
@@ -29,7 +32,16 @@ SIGNAL_COLUMNS = (Column("step_tv", "step TV (sum/image)", 2), Column("target_nl
                   Column("target_nll_expected_minus_ar", "E[NLL] - AR", 3))
 CONTINUOUS_COLUMNS = (Column("acceptance_rate", "acceptance"), Column("accepted_length", "tokens/target fwd"),
                       Column("latency_s", "latency s"), *SPEEDUP_COLUMNS)
-TOY_COLUMNS = (Column("toy_clip", "toy_clip"), Column("toy_fid", "toy_fid", 1))
+
+
+def metric_column(name: str) -> Column:
+    """The column of a registered metric: its header and decimals (``coolsd.metrics.registry``)."""
+    m = metric(name)
+    return Column(name, m.header, m.digits)
+
+
+# the toy worlds' own quality numbers that stand in for the field's metrics (toy_clip, toy_fid)
+TOY_COLUMNS = tuple(metric_column(n) for n in METRICS.names(computed_by="world", stands_for=lambda v: v is not None))
 REAL_TARGET_HINT = "image metrics: python -m coolsd.cli.evaluate {out_dir}"
 
 

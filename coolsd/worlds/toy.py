@@ -33,6 +33,7 @@ from coolsd.toy.scenes import (
 )
 from coolsd.util.errors import shorten
 from coolsd.util.loading import BadInputFile
+from coolsd.util.stats import UNSCORED
 from coolsd.worlds.base import DiscreteWorld, draft_kind
 from coolsd.worlds.files import DRAFTER_FOLDER, config_need
 from coolsd.worlds.presentation import DISCRETE_SPEED_COLUMNS, SIGNAL_COLUMNS, TOY_COLUMNS, Presentation
@@ -69,20 +70,40 @@ def toy_quality(outputs: dict, prompts: list, assets_dir: Optional[str], feature
     """toy_clip / toy_fid (and their paired differences to ``ar``) of every method, with the
     toy feature network the run names (checked by sha256), over the prompts whose scene is known
     (``toy_scene``: every toy prompt; a prompt file's captions that name a whole scene; each
-    metric's ``n`` says how many); {} where none is."""
+    metric's ``n`` says how many); {} where none is. Where some prompts are not scored, every
+    method's entry counts them (``UNSCORED``: the summary prints it): they would otherwise be lost
+    from the toy metrics without a word."""
 
     scenes = [toy_scene(p) for p in prompts]
     known = [i for i, s in enumerate(scenes) if s is not None]
     if not known:
         return {}
     extractor = toy_extractor({"assets_dir": assets_dir, "assets": {FEATURES: features_sha256}})
-    return quality(extractor, {tag: imgs[known] for tag, (_, imgs) in outputs.items()}, [scenes[i] for i in known])
+    out = quality(extractor, {tag: imgs[known] for tag, (_, imgs) in outputs.items()}, [scenes[i] for i in known])
+    if len(known) < len(scenes):
+        unscored = [i for i, s in enumerate(scenes) if s is None]
+        note = {"n": len(unscored), "of": len(scenes), "prompt_indices": unscored[:20],
+                "why": "the caption names no whole toy scene (shape, colour, background, position and size), so the "
+                       "toy metrics have no reference render for it"}
+        for e in out.values():
+            e[UNSCORED] = note
+    return out
 
 
 def toy_reference(prompts: list) -> Optional[np.ndarray]:
     """The grid's reference row: renders of the prompts' scenes, None unless every one is known."""
     scenes = [toy_scene(p) for p in prompts]
     return render_batch(scenes) if scenes and all(s is not None for s in scenes) else None
+
+
+def toy_prompt_rules(whole_scenes: bool = False) -> str:
+    """The toy worlds' prompt rules in words (``check_toy_captions`` enforces them)."""
+    valid = [w for w in WORDS if not w.startswith("<")]
+    scored = ("each names a whole scene: shape, colour, background, position and size" if whole_scenes else
+              "the toy metrics score a caption that names a whole scene (shape, colour, background, position and "
+              "size) and count the others as not scored")
+    return (f"captions of at most {MAX_CAPTION_TOKENS} words from the toy vocabulary ({len(valid)} words: "
+            f"{', '.join(valid)}); {scored}")
 
 
 def check_toy_captions(prompts: list, path, whole_scenes: bool = False) -> None:
@@ -132,6 +153,10 @@ class ToyWorld(DiscreteWorld):
     @classmethod
     def check_prompts(cls, prompts, path):
         check_toy_captions(prompts, path)
+
+    @classmethod
+    def prompt_rules(cls):
+        return toy_prompt_rules()
 
     trains_drafters = True
     compiles = True

@@ -14,9 +14,9 @@ from coolsd.engine.continuous.generate import HeadConfig
 from coolsd.toy.continuous import check_continuous_manifest, load_toy_continuous, scene_labels
 from coolsd.toy.load_assets import ASSETS_DIR
 from coolsd.worlds.base import ContinuousWorld, draft_kind
-from coolsd.worlds.presentation import CONTINUOUS_COLUMNS, Column, Presentation
+from coolsd.worlds.presentation import CONTINUOUS_COLUMNS, Presentation, metric_column
 from coolsd.worlds.schema import HeadSchema, TargetSchema
-from coolsd.worlds.toy import FEATURES, check_toy_captions, toy_quality, toy_reference, toy_scene
+from coolsd.worlds.toy import FEATURES, check_toy_captions, toy_prompt_rules, toy_quality, toy_reference, toy_scene
 
 
 @dataclass
@@ -28,7 +28,7 @@ class ToyContinuousTargetSchema(TargetSchema):
 class ToyContinuousWorld(ContinuousWorld):
     targets = ("toy_continuous",)  # conf/target/<name>.yaml
     schema = ("toy_continuous_schema", ToyContinuousTargetSchema)  # its conf files name it first
-    presentation = Presentation(CONTINUOUS_COLUMNS + (Column("toy_fid", "toy_fid", 1),))
+    presentation = Presentation(CONTINUOUS_COLUMNS + (metric_column("toy_fid"),))
     quality_reads_images = True
 
     @classmethod
@@ -45,6 +45,10 @@ class ToyContinuousWorld(ContinuousWorld):
     @classmethod
     def check_prompts(cls, prompts, path):
         check_toy_captions(prompts, path, whole_scenes=True)  # it conditions on a scene's labels, not on words
+
+    @classmethod
+    def prompt_rules(cls):
+        return toy_prompt_rules(whole_scenes=True)
 
     @classmethod
     def load(cls, cfg) -> "ToyContinuousWorld":

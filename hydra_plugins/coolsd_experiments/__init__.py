@@ -4,7 +4,8 @@
   path, so ``python run.py -m +experiment=<name>`` finds the sweep configs from any working
   directory (a relative ``hydra.searchpath`` entry would resolve against the cwd);
 * a search-path plugin that loads methods and targets from outside the package (``COOLSD_INCLUDE``,
-  ``coolsd.engine.plugins``), stores the included targets' schemas and puts their config folders on
+  ``coolsd.engine.plugins``), stores every registered method's config node and target schema (those
+  registered since Hydra's plugins were discovered too) and puts the included config folders on
   the search path;
 * the ``coolsd_log_name`` resolver (conf/config.yaml ``hydra.job_logging``): one job log per shard;
 * ``MergeHint``, a callback (conf/config.yaml ``hydra.callbacks``) that prints, on the console
@@ -48,24 +49,24 @@ class CoolsdIncludeSearchPath(SearchPathPlugin):
         import sys
 
         from coolsd.engine import plugins
+        from coolsd.job.config_schema import register_schemas
         from coolsd.util.errors import ConfigError
 
-        if not plugins.include_paths():
-            return
-        from coolsd.cli.runner import verbose
+        confs = []
+        if plugins.include_paths():
+            from coolsd.cli.runner import verbose
 
-        try:
-            confs = plugins.load()
-        except ConfigError as e:  # a path that is not there, a file that raises: one line (exit status 2)
-            if verbose():
-                raise
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(2)
-        # a world from an included file registered its target schema (``World.schema``) after the
-        # schema plugin filled the ConfigStore: store the schemas again, so that its conf file's
-        # defaults list finds it when Hydra composes (next, after the search path is set)
-        from coolsd.job.config_schema import register_schemas
-
+            try:
+                confs = plugins.load()
+            except ConfigError as e:  # a path that is not there, a file that raises: one line (exit status 2)
+                if verbose():
+                    raise
+                print(f"error: {e}", file=sys.stderr)
+                sys.exit(2)
+        # a method or world registered after the schema plugin filled the ConfigStore (an included
+        # file, ``plugins.load`` in Python before ``compose``) has no node there yet: store the
+        # schemas again on every Hydra start, so that ``method=<name>`` and a target's conf file's
+        # defaults list find theirs when Hydra composes (next, after the search path is set)
         register_schemas()
         for conf in confs:
             search_path.append(provider="coolsd-include", path=f"file://{conf}")

@@ -176,7 +176,7 @@ def test_pytorch_fid_protocol_differs_from_clean_fid_as_documented(inception_fil
     same image and weights (another resize and normalisation)."""
     img = np.random.default_rng(2).integers(0, 256, (299, 299, 3), dtype=np.uint8)
     np.testing.assert_allclose(pytorch_fid_preprocess(img), img.transpose(2, 0, 1) / 255.0, atol=1e-6)
-    sjd = InceptionFeatureExtractor.from_file(inception_file, block=1, fid_protocol="sjd")
+    sjd = InceptionFeatureExtractor.from_file(inception_file, block=1, recipe="pytorch_fid")
     lantern = InceptionFeatureExtractor.from_file(inception_file, block=1)
     x = torch.from_numpy(img.transpose(2, 0, 1).astype(np.float32))[None]
     with torch.inference_mode():
@@ -234,11 +234,12 @@ def test_both_protocols_evaluate_a_finished_run_folder(tmp_path, clip_dir, incep
     assert abs(sjd["fid"]["fid"] - lan["fid"]["fid"]) > 1e-3 * lan["fid"]["fid"]  # different protocols, numbers
     assert len(list((tmp_path / "cache").glob("*.npz"))) == 2  # one reference cache entry per protocol
     from coolsd.cli.evaluate import evaluate_run
+    from coolsd.metrics.image_metrics import ClipMetric, FidMetric
 
-    with pytest.raises(ValueError, match="the CLIP scorer computes the 'sjd' protocol, not 'lantern'"):
-        evaluate_run(run, clip=tm)  # a number is never labelled with another protocol
-    with pytest.raises(ValueError, match="the FID extractor computes the 'lantern' protocol, not 'sjd'"):
-        evaluate_run(run, inception=ext, reference=(None, None, 0), protocol="sjd")
+    with pytest.raises(ValueError, match="the clip_score scorer computes the 'sjd' protocol, not 'lantern'"):
+        evaluate_run(run, {"clip_score": ClipMetric(tm)})  # a number is never labelled with another protocol
+    with pytest.raises(ValueError, match="the fid scorer computes the 'lantern' protocol, not 'sjd'"):
+        evaluate_run(run, {"fid": FidMetric(ext, (None, None, 0))}, protocol="sjd")
 
 
 def test_sjd_on_partiprompts_scores_clip_against_the_tsv(tmp_path, clip_dir, clean_env, capsys):

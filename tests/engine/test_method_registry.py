@@ -2,9 +2,8 @@
 with types and ranges, checked in one place before any model loads (a one-line refusal from
 run.py); whether the method is lossless and which drafter runs it, read by everything that asks
 (no list of method names elsewhere in the package); and a method defined outside the package
-(tests/plugin_method/) registers the same way and runs through run.py, its distortion signals
+(examples/method/) registers the same way and runs through run.py, its distortion signals
 and the lab without any file in coolsd/ naming it."""
-import ast
 import json
 import subprocess
 import sys
@@ -16,10 +15,11 @@ from coolsd.engine import loop  # noqa: F401  (registers the row-parallel drafte
 from coolsd.engine.drafting import DRAFTERS
 from coolsd.engine.methods import Param, check_params, method_info, method_names, method_params
 from coolsd.worlds import world_names
+from name_scan import name_lists
 from test_config_validation import cli
 
 ROOT = Path(__file__).resolve().parents[2]
-PLUGIN = ROOT / "tests" / "plugin_method"
+PLUGIN = ROOT / "examples" / "method"
 
 
 def test_every_default_is_valid_and_every_fact_is_declared():
@@ -116,19 +116,9 @@ def test_a_method_from_outside_the_package_runs_in_the_lab():
 
 
 def _name_lists(path: Path, names: set, registering: str = "") -> list:
-    """(line, names) of every tuple / list / set literal in ``path`` holding two or more
-    registered names as strings, less those assigned to ``registering`` (a class's registration:
+    """``name_scan.name_lists`` less the lists assigned to ``registering`` (a class's registration:
     a world's ``targets``)."""
-    out = []
-    tree = ast.parse(path.read_text())
-    skip = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Assign) and registering
-            and any(isinstance(t, ast.Name) and t.id == registering for t in n.targets)}
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and id(node) not in skip:
-            found = [e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in names]
-            if len(found) >= 2:
-                out.append((node.lineno, found))
-    return out
+    return name_lists(path, names, (registering,) if registering else ())
 
 
 # not lists of methods, though their strings are method names
@@ -136,8 +126,6 @@ NOT_METHOD_LISTS = {
     # the lab's independent exact oracle implements each method's rule a second time, on purpose
     # without the registry's rules, and names the methods it implements
     "coolsd/theory/exact.py": "ChainOracle.METHODS",
-    # evaluation protocols, named after the papers whose metric settings they follow
-    "coolsd/metrics/protocols.py": "PROTOCOLS",
 }
 
 

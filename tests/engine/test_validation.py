@@ -1,16 +1,12 @@
 """Bad input gets a clear error before any work starts."""
 import math
-from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 from coolsd.engine.decoding.trees import build_tree, make_tree
-from coolsd.engine.methods import build_method, method_info, method_names, method_params
+from coolsd.engine.methods import build_method
 from coolsd.theory import TabularAR, exact_stats, sample_stats
 
-CONF = str(Path(__file__).resolve().parents[2] / "conf")
 NB = TabularAR.random(3, 3, 0).codebook
 
 
@@ -82,24 +78,6 @@ def test_lab_validates_before_work(monkeypatch):
     with pytest.raises(ValueError, match="draft length"):
         exact_stats(P, P, "eagle", 0)
     assert not called
-
-
-def test_every_method_config_matches_its_registry_entry():
-    """conf/method/<name>.yaml = the registry's parameters and defaults, for every family; the
-    continuous method object's defaults agree with its builder's."""
-    import dataclasses
-
-    from coolsd.engine.methods.cspd import ContinuousMethod
-
-    names = sorted(p.stem for p in Path(CONF, "method").glob("*.yaml"))
-    assert names == [n for n in method_names() if method_info(n).builtin]
-    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        for name in names:
-            cfg = compose("config", overrides=[f"method={name}"])
-            m = OmegaConf.to_container(cfg.method)
-            assert m.pop("name") == name
-            assert m == method_params(name), name
-    assert method_params("cspd") == {f.name: f.default for f in dataclasses.fields(ContinuousMethod) if f.name != "name"}
 
 
 def test_sampling_resolves_target_defaults_then_overrides():

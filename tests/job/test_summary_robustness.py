@@ -1,6 +1,6 @@
 """A run's summary after its generation: float noise below a bound is the bound, a bug is still an
 error, and a summary that fails leaves the records resumable with one line that says how to
-summarise them (coolsd.util.stats.clamp_to_domain, coolsd.job.summary.METRIC_NOISE, coolsd.job.generation.summary_failed).
+summarise them (coolsd.util.stats.clamp_to_domain, the metrics' registered noise (coolsd.metrics.signal_metrics), coolsd.job.generation.summary_failed).
 """
 import json
 
@@ -11,7 +11,8 @@ from coolsd.util.errors import SummaryError
 from coolsd.cli.merge import main as merge_main
 from coolsd.cli.runner import one_line_errors, run
 from coolsd.util.stats import FRACTION, mean_ci
-from coolsd.job.summary import TOKEN_SUM_NOISE, metric_ci
+from coolsd.job.summary import metric_ci
+from coolsd.metrics.signal_metrics import TOKEN_SUM_NOISE
 from factories import compose
 
 N = 3  # prompts: ar + coolsd on the toy world, 6 records

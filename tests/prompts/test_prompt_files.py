@@ -178,8 +178,9 @@ def test_toy_run_on_a_partiprompts_tsv_resumes_merges_and_refuses_a_changed_file
     for tag in ("ar", "coolsd"):  # every prompt exactly once per method, with its text and content id
         mine = sorted((r["prompt_index"], r["caption"], r["prompt_id"]) for r in recs if r["method"] == tag)
         assert mine == [(i, c[0], prompt_id(c[0])) for i, c in enumerate(TOY_CAPTIONS)]
-        # toy metrics over the prompts whose captions name a whole scene (2 of 3)
-        assert s_one["results"][tag]["toy_clip"]["n"] == 2
+        # toy metrics over the prompts whose captions name a whole scene (2 of 3); the third is counted
+        assert s_one["results"][tag]["toy_clip"]["n"] == 2 and s_one["results"][tag]["unscored_prompts"]["n"] == 1
+    assert "quality metrics over 2 of 3 prompts: 1 not scored (prompts " in (one / "summary.md").read_text()
     ident = json.loads((one / "run.json").read_text())["dataset"]
     assert ident == {"name": "prompts", "n_prompts": 3, "offset": 0,
                      "path": {"name": "PartiPrompts.tsv", "bytes": tsv.stat().st_size,

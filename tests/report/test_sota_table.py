@@ -106,7 +106,7 @@ def test_janus_pro_sota_table_on_sjd_protocol_with_partiprompts(tmp_path, janus_
     _check_table(df, "janus_pro", n_tokens)
     sota.write_tables(df, tmp_path, sota.QUALITY["real"], protocol="sjd")
     md = (tmp_path / "sota.md").read_text()
-    assert "clip_score_parti |" in md and "Quality (sjd protocol): FID pytorch-fid" in md
+    assert "clip_score_parti |" in md and "Quality (sjd protocol): CLIP torchmetrics" in md and "; FID pytorch-fid" in md
 
 
 def test_sota_cli_refuses_partiprompts_outside_the_sjd_protocol(tmp_path):

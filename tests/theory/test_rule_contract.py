@@ -18,7 +18,7 @@ from coolsd.theory.lab import _method
 from coolsd.theory.tabular import TabularAR
 
 ROOT = Path(__file__).resolve().parents[2]
-PLUGIN = ROOT / "tests" / "plugin_method"
+PLUGIN = ROOT / "examples" / "method"
 
 
 class _StepOnly(ExactRule):

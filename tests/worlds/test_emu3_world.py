@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from coolsd.cli.runner import run
+import factories
 from factories import EMU3_GRID as GRID, EMU3_IMAGE_AREA as IMAGE_AREA, EMU3_SPECIAL, compose, emu3_overrides
+from target_contract import TargetContract
 
 ROOT = Path(__file__).resolve().parents[2]
 N = GRID * GRID
@@ -130,3 +132,12 @@ def test_run_py_jobs_write_images_and_records(folder, tmp_path):
         assert all(Image.open(out / r["image"]).size == (2 * GRID, 2 * GRID) for r in recs)
     with pytest.raises(ValueError, match="draft=self"):
         _job(folder, tmp_path / "none", "method=eagle")
+
+
+class TestEmu3Contract(TargetContract):
+    """The world contract (tests/target_contract.py) on the tiny Emu3-Gen-hf folder."""
+
+    runs = {"emu3": ["method=eagle", "draft=self", "tree=chain", "tree.draft_length=3"]}
+    files_fixture = "emu3_files"
+    files = staticmethod(factories.write_emu3_files)
+    overrides = staticmethod(factories.emu3_overrides)

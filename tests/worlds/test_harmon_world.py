@@ -1,4 +1,4 @@
-"""``target=harmon_1_5b`` on tiny files (the world contract itself is tests/worlds/test_worlds.py): text
+"""``target=harmon_1_5b`` on tiny files (and the world contract: ``TestHarmonContract``): text
 prompts through the tokenizer file with upstream's template, the tokenizer's null prompt on both models,
 the run's grid on draft and target, and one-line refusals of a bad tokenizer file or architecture."""
 import pytest
@@ -8,6 +8,8 @@ from coolsd.models.harmon import encode_prompts, null_prompt_ids
 from coolsd.prompts import load_prompts
 from coolsd.util.loading import BadInputFile
 from coolsd.worlds import load_world
+import factories
+from target_contract import TargetContract
 
 
 @pytest.fixture
@@ -87,3 +89,13 @@ def test_a_ddim_head_runs_on_harmon_through_run_py(compose, world_overrides, tmp
     tokens = {s: build_method("ar", family="continuous", sampler=s, head_steps=4).generate(
         world.target, None, labels, [0, 1], world.head).tokens for s in ("ddim", "ddpm")}
     assert not torch.allclose(tokens["ddim"], tokens["ddpm"])
+
+
+class TestHarmonContract(TargetContract):
+    """The world contract (tests/target_contract.py) on tiny Harmon files: target and draft
+    checkpoints, kl16.ckpt and the tokenizer."""
+
+    runs = {"harmon_1_5b": ["method=cspd", "method.gamma=3", "method.mode=exact", "method.verify=prefix"]}
+    files_fixture = "harmon_files"
+    files = staticmethod(factories.write_harmon_files)
+    overrides = staticmethod(factories.harmon_overrides)

@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 from coolsd.cli.runner import run
+import factories
 from factories import JANUS_SIDE as SIDE, JANUS_TOKENS as TOKENS, compose, janus_overrides
+from target_contract import TargetContract
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -129,3 +131,12 @@ def test_pixels_are_truncated_as_upstream_not_rounded():
     x = np.array([0.0, 0.999, 1.0, -1.0, 1.7, -1.2, 0.2, -0.3], dtype=np.float32)
     assert u8[0, :, :, 0].ravel().tolist() == np.clip((x + 1) / 2 * 255, 0, 255).astype(np.uint8).tolist()
     assert u8[0, :, :, 0].ravel().tolist() == [127, 254, 255, 0, 255, 0, 153, 89]
+
+
+class TestJanusContract(TargetContract):
+    """The world contract (tests/target_contract.py) on the tiny Janus-Pro folder, for both sizes."""
+
+    runs = {"janus_pro": ["method=coolsd", "draft=self"], "janus_pro_7b": ["method=sjd"]}
+    files_fixture = "janus_files"
+    files = staticmethod(factories.write_janus_files)
+    overrides = staticmethod(factories.janus_overrides)

@@ -20,7 +20,9 @@ from safetensors.torch import save_file
 
 from coolsd.util.loading import BadInputFile, MissingInputFile
 from coolsd.models.llamagen import LlamaGenConfig, LlamaGenGPT, LlamaGenTarget, load_gpt, tiny
+import factories
 from factories import llamagen_cond, llamagen_variants as make_models, random_ids
+from target_contract import TargetContract
 from test_llamagen import upstream_rope_table
 
 CFG = tiny()  # dim 64, 2 layers, 4 heads, vocab 64, 8 text slots, caption dim 16, 4x4 grid
@@ -314,3 +316,14 @@ def test_world_passes_the_variant_into_the_model_and_the_run_identity(llamagen_f
     assert any("gpt: " in m and "lacks config.json" in m for m in LlamaGenWorld.missing_files(lantern_cfg))
     with pytest.raises(ConfigError, match="target.variant='both' is invalid: valid: upstream, lantern"):
         check_config(compose("target=llamagen_xl", *base, "target.variant=both"), LlamaGenWorld)
+
+
+# ------------------------------------------------------------------------------ the contract
+class TestLlamaGenContract(TargetContract):
+    """The world contract (tests/target_contract.py) on tiny LlamaGen files: GPT, VQ, T5 and the
+    LANTERN drafter folder."""
+
+    runs = {"llamagen_xl": ["method=coolsd"], "llamagen_xl_512": ["method=eagle", "tree=mc_sim_7b_63"]}
+    files_fixture = "llamagen_files"
+    files = staticmethod(factories.write_llamagen_files)
+    overrides = staticmethod(factories.llamagen_overrides)

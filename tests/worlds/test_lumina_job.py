@@ -9,7 +9,9 @@ import pytest
 
 from coolsd.cli.runner import run
 from coolsd.worlds.lumina import TextPrompts
+import factories
 from factories import code_name, compose as _compose, lumina_overrides
+from target_contract import TargetContract
 
 
 @pytest.fixture(scope="module")
@@ -173,3 +175,13 @@ def test_paper_table2_lumina_lists_everything_missing_before_work(tmp_path, monk
                  "jadohu/LANTERN issue #1", "COCO captions", "CLIP model folder", "Inception weights"):
         assert part in msg, part
     assert not (tmp_path / "rec").exists()
+
+
+class TestLuminaContract(TargetContract):
+    """The world contract (tests/target_contract.py) on tiny Lumina-mGPT files: the model folder,
+    vqgan.ckpt, the text tokenizer and the EAGLE drafter folder."""
+
+    runs = {"lumina_mgpt": ["method=eagle", "tree=chain", "tree.draft_length=3"]}
+    files_fixture = "lumina_files"
+    files = staticmethod(factories.write_lumina_files)
+    overrides = staticmethod(factories.lumina_overrides)

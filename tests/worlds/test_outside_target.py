@@ -1,18 +1,30 @@
 """A target from outside the package (docs/add_target.md), through ``--include``: the toy world
 under a guidance scale of its own, with its own schema and conf file, in a folder of its own
-(tests/plugin_target/). It registers in the one target registry, composes against its schema
+(examples/target/). It registers in the one target registry, composes against its schema
 (before: "Could not load 'target/toy_guided_schema'", the schemas were stored before the included
-file was imported), refuses a mistyped key in one line, and runs through run.py."""
+file was imported), refuses a mistyped key in one line, runs through run.py, and declares its tests
+as a built-in target does (``TestToyGuidedContract``: the world contract)."""
 import json
 import subprocess
 from pathlib import Path
 
 from coolsd.engine import plugins
 from coolsd.worlds import TARGETS, world_class
+from target_contract import TargetContract
 from test_config_validation import cli
 
 ROOT = Path(__file__).resolve().parents[2]
-PLUGIN = ROOT / "tests" / "plugin_target"
+PLUGIN = ROOT / "examples" / "target"
+
+
+class TestToyGuidedContract(TargetContract):
+    """An outside target declares its tests as a built-in one does (tests/target_contract.py), with
+    the folder it is included from: the world contract runs on it in-process (batch invariance,
+    kill and resume, shards and merge)."""
+
+    runs = {"toy_guided": ["method=eagle"]}
+    include = PLUGIN
+    lists_missing_files = False  # the toy's shipped weights: no file of its own
 
 
 def test_an_included_world_registers_with_its_origin():
@@ -20,7 +32,7 @@ def test_an_included_world_registers_with_its_origin():
     cls = world_class("toy_guided")
     assert cls.__name__ == "ToyGuidedWorld" and cls.schema[0] == "toy_guided_schema"
     entry = TARGETS.entry("toy_guided")
-    assert entry.origin.startswith("tests/plugin_target/toy_guided.py:") and not entry.builtin
+    assert entry.origin.startswith("examples/target/toy_guided.py:") and not entry.builtin
     assert TARGETS.describe("toy_guided")["family"] == "discrete"
 
 

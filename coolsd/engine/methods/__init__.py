@@ -10,6 +10,7 @@ from coolsd.engine.methods.registry import (
                                      build_method,
                                      check_method,
                                      check_params,
+                                     config_node,
                                      method_families,
                                      method_info,
                                      method_names,
@@ -18,4 +19,4 @@ from coolsd.engine.methods.registry import (
 )
 
 __all__ = ["FAMILIES", "METHODS", "Method", "MethodInfo", "Param", "ParamError", "build_method", "check_method", "check_params",
-           "method_families", "method_info", "method_names", "method_params", "register_method"]
+           "config_node", "method_families", "method_info", "method_names", "method_params", "register_method"]

@@ -12,7 +12,16 @@ def _budget_needs_a_price(p) -> None:
         raise ValueError("budget: tv_per_image tunes the price from a starting value; give price a number")
 
 
-@register_method("budget", lossless=_lossless, checks=(_budget_needs_a_price,), params={
+def _eager_price_tuning(params, cfg, world_cls) -> None:
+    """``tv_per_image`` changes the price between batches: eager runs only (the config check,
+    ``register_method(config_checks=...)``)."""
+    if cfg.get("compile", False) and params.get("tv_per_image"):
+        raise ValueError("method.tv_per_image tunes the price between batches, which the compiled graphs would "
+                         "bake in: set compile=false")
+
+
+@register_method("budget", lossless=_lossless, checks=(_budget_needs_a_price,), config_checks=(_eager_price_tuning,),
+                 params={
     "price": Param(2.0, float, low=0, nullable=True,
                    doc="accepted tokens given up per unit of distortion (lambda); null: infinite, lossless; "
                        "with tv_per_image: the starting price"),

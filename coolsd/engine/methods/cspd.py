@@ -8,19 +8,19 @@ from dataclasses import dataclass
 
 from coolsd.engine.continuous.diffusion import SAMPLERS, check_sampler
 from coolsd.engine.continuous.generate import MODES, VERIFY, HeadConfig, ar_generate, check_settings, cspd_generate
-from coolsd.engine.methods.registry import Param, register_method
-
-CONTINUOUS_METHODS = ("ar", "cspd")
+from coolsd.engine.methods.registry import Param, method_names, register_method
 
 # the method's overrides of the target's diffusion-head settings (HeadConfig), shared by cspd and its
 # baseline ar so that a speed-up compares one sampler (docs/methods.md#5-continuous-speculative-decoding)
 HEAD_PARAMS = {
     "sampler": Param(None, str, choices=SAMPLERS, nullable=True, families=("continuous",),
-                     doc="the head's chain: ddpm or ddim (null: the target's head.sampler)"),
+                     doc="the head's chain: ddpm or ddim (docs/methods.md#51-ddim-head-sampler; null: the target's "
+                         "head.sampler)"),
     "eta": Param(None, float, low=0, high=1, nullable=True, families=("continuous",),
                  doc="DDIM's noise scale, 0 = deterministic steps (null: the target's head.eta)"),
     "head_steps": Param(None, int, low=2, nullable=True, families=("continuous",),
-                        doc="respaced diffusion steps of the head (null: the target's head.steps)"),
+                        doc="respaced diffusion steps of the head (null: the target's head.steps; the paper's DDIM "
+                            "runs: 100)"),
 }
 
 
@@ -40,7 +40,7 @@ def refuse_flow_head_params(params: dict) -> None:
 
 @dataclass(frozen=True)
 class ContinuousMethod:
-    """``ar`` (the target alone) or ``cspd`` (conf/method/cspd.yaml). ``sampler`` / ``eta`` /
+    """``ar`` (the target alone) or ``cspd`` (its builder, below). ``sampler`` / ``eta`` /
     ``head_steps``: the target's ``HeadConfig`` with these in place (None: the target's own)."""
 
     name: str = "cspd"
@@ -57,8 +57,9 @@ class ContinuousMethod:
     family = "continuous"
 
     def __post_init__(self):
-        if self.name not in CONTINUOUS_METHODS:
-            raise ValueError(f"continuous targets run method={' or method='.join(CONTINUOUS_METHODS)}, not {self.name!r}")
+        if self.name not in method_names("continuous"):  # the registry's continuous family
+            raise ValueError(f"continuous targets run method={' or method='.join(method_names('continuous'))}, "
+                             f"not {self.name!r}")
         check_settings(self.gamma, self.mode, self.verify, self.prefill, self.max_rounds, self.final_std,
                        self.inner_temperature)
         check_head_params({"sampler": self.sampler, "eta": self.eta})  # with the target's sampler: at generate
@@ -117,12 +118,21 @@ class ContinuousMethod:
 @register_method("cspd", families=("continuous",), lossless=lambda p: p["mode"] == "exact" and p["verify"] == "prefix",
                  checks=(check_head_params,), params={
     "gamma": Param(8, int, low=1, doc="drafted steps a round (a step: one token, or a flow model's unit)"),
-    "mode": Param("paper", str, choices=MODES, doc="paper: the paper's rule; exact: the exact-prefix rule"),
-    "verify": Param("parallel", str, choices=VERIFY),
+    "mode": Param("paper", str, choices=MODES,
+                  doc="paper: log Sigma and final-step densities, MAR's noiseless final step; exact: final-step "
+                      "noise, no Sigma (exact given the shared noise)"),
+    "verify": Param("parallel", str, choices=VERIFY,
+                    doc="parallel: the paper's MAR setting (the target sees the verified tokens only, every token "
+                        "kept, no rollback); prefix: stop at the first rejection (lossless with mode=exact)"),
     "prefill": Param(0.05, float, low=0, high=1, doc="the fraction of tokens the target makes first"),
-    "max_rounds": Param(100, int, low=1, doc="rejection-sampling rounds before a fallback"),
-    "final_std": Param(None, float, low=0, low_open=True, nullable=True),
-    "inner_temperature": Param(1.0, float, low=0, low_open=True),
+    "max_rounds": Param(100, int, low=1, doc="rejection-sampling rounds before a fallback (a plain target sample, "
+                                             "counted)"),
+    "final_std": Param(None, float, low=0, low_open=True, nullable=True,
+                       doc="the final step's std s for draft, target and AR (null: the head's own, ~6e-3); the exact "
+                           "mode's smoothing, the target convolved with N(0, s^2) (continuous_sd.md 2.9)"),
+    "inner_temperature": Param(1.0, float, low=0, low_open=True,
+                               doc="the paper rule's exponents use std * this (1: the paper's formula; the official "
+                                   "code's 42 is lossy, continuous_sd.md 2.7 b)"),
     **HEAD_PARAMS,
 })
 def cspd(ctx, gamma, mode, verify, prefill, max_rounds, final_std, inner_temperature, sampler, eta, head_steps):

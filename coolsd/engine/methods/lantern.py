@@ -10,14 +10,16 @@ def _neighbours(ctx):
     return ctx.neighbours
 
 
-@register_method("lantern", params={"delta": Param(0.1, float, low=0, low_open=True, high=1.0),
+@register_method("lantern", params={"delta": Param(0.1, float, low=0, low_open=True, high=1.0,
+                                                  doc="the neighbourhood's absolute TV budget"),
                                     "k": Param(1000, int, low=1, doc="neighbours per token"), "resample": RESAMPLE})
 def lantern(ctx, delta, k, resample):
     """LANTERN: the acceptance mass of a neighbourhood within TV budget delta."""
     return LanternRule(_neighbours(ctx), k, delta=float(delta), resample=resample), None
 
 
-@register_method("lantern_pp", params={"lam": Param(2.0, float, low=1),
+@register_method("lantern_pp", params={"lam": Param(2.0, float, low=1, doc="the aggregated probability's cap: "
+                                                                         "lam * p(x)"),
                                        "k": Param(10, int, low=1, doc="neighbours per token"), "resample": RESAMPLE})
 def lantern_pp(ctx, lam, k, resample):
     """LANTERN++: a static neighbourhood of k tokens, relative budget lam."""

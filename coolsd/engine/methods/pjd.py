@@ -6,7 +6,15 @@ from coolsd.engine.decoding.trees import EMPTY_TREE
 from coolsd.engine.methods.registry import Param, register_method
 
 
-@register_method("pjd", drafter="pjd", params={
+def _not_batch_invariant(params, cfg, world_cls) -> None:
+    """Each forward is padded to the batch's longest schedule: a batch of several prompts is not
+    batch-invariant (the config check, ``register_method(config_checks=...)``)."""
+    invariant = bool((cfg.get("deterministic") or {}).get("batch_invariant") or False)
+    if invariant and int(cfg.get("batch_size") or 1) > 1:
+        raise ValueError("method=pjd pads each forward to the batch's longest schedule, which is not batch-invariant: "
+                         "set batch_size=1 or deterministic.batch_invariant=false")
+
+@register_method("pjd", drafter="pjd", config_checks=(_not_batch_invariant,), params={
     "window": Param(8, int, low=1, doc="a row's anchor and drafts a forward at most (upstream window_size 8)"),
     "start": Param(8, int, low=1, doc="committed tokens of row r after which row r+1 starts (upstream c = 8; "
                                              "at the latest when row r is complete)"),

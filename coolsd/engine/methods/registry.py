@@ -13,9 +13,12 @@ head targets, ``coolsd.engine.continuous.generate``) returns its own method obje
 family refuses a method, listing the methods it runs. Every method names its baseline
 (``baseline()``: the target alone, sampled as the method samples), which the job runs beside it.
 
-Builders take their parameters as keyword arguments; the same names, with the same defaults,
-appear in ``conf/method/<name>.yaml`` and in ``coolsd.theory.exact_stats(..., **params)``. A
-method defined outside the package registers the same way (docs/add_method.md).
+Builders take their parameters as keyword arguments; the same names are ``method.<name>`` in a job
+config and the keywords of ``coolsd.theory.exact_stats(..., **params)``. The ``Param``s are the one
+place a parameter's default, type, range and doc live: a job config's ``method`` node is generated
+from them (``config_node``, stored in Hydra's ConfigStore as ``method/<name>`` by
+``coolsd.job.config_schema.register_schemas``), so a method has no yaml of its own. A method defined
+outside the package registers the same way (docs/add_method.md).
 """
 from __future__ import annotations
 
@@ -107,6 +110,9 @@ class MethodInfo:
     drafter: Optional[str]  # the drafter kind (discrete methods)
     checks: tuple = ()  # functions of the resolved parameters that raise ValueError (cross-parameter rules)
     doc: str = ""
+    # functions (params, cfg, world_cls) raising ValueError for a job setting the method cannot run
+    # with (``coolsd.job.config_schema.check_config`` calls them, before the parameters' own check)
+    config_checks: tuple = ()
 
     @property
     def jacobi(self) -> bool:
@@ -167,11 +173,15 @@ METHODS = Registry("method", base=MethodInfo)
 
 
 def register_method(name: str, families: Sequence[str] = ("discrete",), *, lossless: Union[bool, Callable] = False,
-                    drafter: Optional[str] = "model", params: Optional[dict] = None, checks: Sequence[Callable] = ()):
+                    drafter: Optional[str] = "model", params: Optional[dict] = None, checks: Sequence[Callable] = (),
+                    config_checks: Sequence[Callable] = ()):
     """Register a method's builder with its facts (the module docstring). ``params``: name ->
-    ``Param`` (or a plain default: any value of its type), in the builder's keyword order;
-    ``checks``: functions of the resolved parameters raising ValueError for combinations no single
-    ``Param`` can refuse. ``drafter``: the drafter kind for discrete methods (None: continuous only)."""
+    ``Param`` (or a plain default: any value of its type), in the builder's keyword order (the
+    order of its config node); ``checks``: functions of the resolved parameters raising ValueError
+    for combinations no single ``Param`` can refuse; ``config_checks``: functions ``(params, cfg,
+    world_cls)`` raising ValueError (its message the config check's one line) for a job setting
+    the method cannot run with (batch-invariance, compilation, the target's grid). ``drafter``: the
+    drafter kind for discrete methods (None: continuous only)."""
     unknown = set(families) - set(FAMILIES)
     if unknown:
         raise ValueError(f"method {name!r}: unknown famil(ies) {sorted(unknown)}; valid: {', '.join(FAMILIES)}")
@@ -180,7 +190,8 @@ def register_method(name: str, families: Sequence[str] = ("discrete",), *, lossl
         spec = {k: v if isinstance(v, Param) else Param(v, kind=type(v) if v is not None else object, nullable=v is None)
                 for k, v in (params or {}).items()}
         kind = drafter if "discrete" in families else None
-        info = MethodInfo(name, fn, tuple(families), spec, lossless, kind, tuple(checks), (fn.__doc__ or "").strip())
+        info = MethodInfo(name, fn, tuple(families), spec, lossless, kind, tuple(checks), (fn.__doc__ or "").strip(),
+                          tuple(config_checks))
         METHODS.add(name, info, origin=origin_of(fn), families=tuple(families), drafter=kind, lossless=lossless)
         return fn
 
@@ -204,6 +215,12 @@ def method_families(name: str) -> tuple[str, ...]:
 def method_params(name: str) -> dict:
     """The declared parameters of a method and their defaults."""
     return method_info(name).defaults()
+
+
+def config_node(name: str) -> dict:
+    """The job config's ``method`` node of ``method=<name>``: its name, then every parameter at its
+    default, in the ``Param``s' order (``register_schemas`` stores it as ``method/<name>``)."""
+    return {"name": name, **method_params(name)}
 
 
 def check_method(name: str, family: str, params) -> dict:

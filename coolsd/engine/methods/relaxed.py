@@ -14,9 +14,12 @@ def uniform_rsd(ctx, delta):
 
 @register_method("coolsd", params={
     "delta": DELTA,
-    "schedule": Param("exp", str, choices=SCHEDULES),
-    "nu": Param(0.7, float, low=0, doc="the schedule's decay rate"),
-    "normalize": Param("mean", str, choices=EXP_NORMALIZATIONS, doc="exp: how mu is set"),
+    "schedule": Param("exp", str, choices=SCHEDULES,
+                      doc="omega_d over the draft depths d (docs/methods.md#2-relaxation-schedules); toward_one: "
+                          "1 + (delta-1) exp(-nu (d-1)), from delta toward 1, never crossing it"),
+    "nu": Param(0.7, float, low=0, doc="the schedule's decay rate (exp, exp_geomean and toward_one)"),
+    "normalize": Param("mean", str, choices=EXP_NORMALIZATIONS,
+                       doc="exp: how mu is set (mean: omega's mean is delta; geomean: its geometric mean)"),
     "slope": Param(None, float, nullable=True, doc="linear: s (null: 2/(L+1)); its range depends on L"),
 })
 def coolsd(ctx, delta, schedule, nu, normalize, slope):

@@ -21,8 +21,9 @@ INITS = ("random", "repeat_horizon", "sample_horizon", "vertical_repeat")  # coo
 WINDOW = {
     "window": Param(16, int, low=2, doc="W: the root and W-1 drafts a round"),
     "init": Param("random", str, choices=INITS, doc="what the top-up drafts are"),
-    "active_start": Param(None, int, low=0, nullable=True, doc="Jacobi window only from this token on"),
-    "active_end": Param(None, int, low=0, nullable=True, doc="... and before this one"),
+    "active_start": Param(None, int, low=0, nullable=True,
+                          doc="Jacobi window only from this emitted token on (null: from the first)"),
+    "active_end": Param(None, int, low=0, nullable=True, doc="... and before this one (null: to the end)"),
 }
 COUPLINGS = ("maximal", "gumbel")
 
@@ -39,7 +40,10 @@ def sjd(ctx, window, init, active_start, active_end):
 
 
 @register_method("mc_sjd", lossless=True, drafter="jacobi",
-                 params={**WINDOW, "coupling": Param("maximal", str, choices=COUPLINGS)})
+                 params={**WINDOW, "coupling": Param("maximal", str, choices=COUPLINGS,
+                                                     doc="maximal: keep the old draft w.p. min(1, p_new/p_old), else "
+                                                         "draw from Norm([p_new - p_old]_+); gumbel: shared Gumbel "
+                                                         "noise per position")})
 def mc_sjd(ctx, window, init, active_start, active_end, coupling):
     """MC-SJD: SJD with each position's draws coupled across rounds."""
     return ExactRule(), chain(window)
@@ -52,7 +56,9 @@ def _pac_depth(p):
 
 @register_method("sjd_pac", lossless=True, drafter="pac", checks=(_pac_depth,),
                  params={**WINDOW, "tree_width": Param(4, int, low=1, doc="candidates at each branching depth"),
-                         "tree_depth": Param(3, int, low=1, doc="branching depths + 1 (<= window)")})
+                         "tree_depth": Param(3, int, low=1, doc="levels counting the root, as upstream's tree_depth: "
+                                                                "siblings at depths 1 .. tree_depth-1 (<= window)")})
 def sjd_pac(ctx, window, init, active_start, active_end, tree_width, tree_depth):
-    """SJD-PAC: MC-SJD's maximal coupling on a tree of candidates drawn without replacement."""
+    """SJD-PAC: MC-SJD's maximal coupling on a tree of candidates drawn without replacement.
+    The paper's setting: width 4, depth 3, window 64 (the default window here is 16, as sjd's)."""
     return ExactRule(), pac_tree(window, tree_width, tree_depth)

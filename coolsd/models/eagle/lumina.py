@@ -52,13 +52,14 @@ import torch
 import torch.nn as nn
 
 from coolsd.engine import batch_invariant
-from coolsd.engine.decoding.sampling import cfg_combine
 from coolsd.engine.host_reads import host_checks
 from coolsd.engine.model_protocol import StepOut, id_list
 from coolsd.models.blocks import compute_dtype
 from coolsd.models.chameleon import ChameleonConfig, ChameleonDecoderLayer, HeadLayerNorm, rope_1d
 from coolsd.models.eagle.model import head_logits, read_drafter_folder, warn_variant_mismatch
+from coolsd.models.guided import GuidedCacheModel
 from coolsd.models.kv_cache import KVCache
+from coolsd.models.row_ends import RowEndTarget
 from coolsd.util.loading import BadInputFile, check_state_dict, read_torch_checkpoint
 
 LUMINA_DRAFTER_SOURCE = (
@@ -221,7 +222,7 @@ class LuminaEagleHead(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------- drafter
-class LuminaEagleDrafter:
+class LuminaEagleDrafter(GuidedCacheModel):
     """``ARModel`` over image codes for ``ModelDrafter``: a ``LuminaEagleHead`` with the text
     prefix, CFG halves and newline entries of the module docstring.
 
@@ -257,8 +258,6 @@ class LuminaEagleDrafter:
         self.compiled = bool(compile)
         self.cache_headroom = 4 * cache_headroom if compile else cache_headroom
         self.vocab_size = int(self.rows.numel())
-        self.cache: Optional[KVCache] = None
-        self.batch_size = 0
         self._alone: Optional[list] = None  # under coolsd.engine.batch_invariant: one batch-1 drafter per sample
 
     @classmethod
@@ -268,17 +267,10 @@ class LuminaEagleDrafter:
                    w_latent=target.w_latent, cfg_scale=target.cfg_scale, tokens=target.tokens, compile=compile)
 
     @property
-    def guided(self) -> bool:
-        return self.cfg_scale != 1.0
-
-    @property
     def device(self) -> torch.device:
         return self.head.device
 
-    def _double(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([x, x]) if self.guided else x
-
-    def _halves(self, features: torch.Tensor) -> torch.Tensor:
+    def _joined(self, features: torch.Tensor) -> torch.Tensor:
         """(B, m, 2, H) [cond, uncond] -> (2B, m, H); (B, m, H) unguided."""
         if self.guided:
             if features.dim() != 4 or features.shape[2] != 2:
@@ -288,10 +280,12 @@ class LuminaEagleDrafter:
             raise ValueError(f"features must be (B, m, H), got {tuple(features.shape)}")
         return features
 
-    def _reset_pending(self) -> None:
-        dev = self.device
-        self._p_int = torch.zeros(0, dtype=torch.long, device=dev)
-        self._p_nl = torch.zeros(self.batch_size, 0, dtype=torch.long, device=dev)
+    # The pending entries are kept as ``LuminaTarget`` keeps them (caller pending entry -> cache
+    # pending index, ``_p_int``, and its newline's, ``_p_nl``): their reset, count and commit are
+    # ``RowEndTarget``'s, over this drafter's cache
+    _reset_pending = RowEndTarget._reset_pending
+    _pending_count = RowEndTarget._pending_count
+    commit = RowEndTarget.commit
 
     # ------------------------------------------------------------------ ARModel
     @torch.no_grad()
@@ -322,7 +316,7 @@ class LuminaEagleDrafter:
         t = self.tokens
         struct = [t.image_start, t.grid_base + self.h_latent // 2, t.grid_base + self.w_latent // 2]
         seqs = [p + struct for p in prompts]
-        feats = self._halves(context.hidden.to(dev))  # (n, Lc, H), right-aligned per row
+        feats = self._joined(context.hidden.to(dev))  # (n, Lc, H), right-aligned per row
         Lc = feats.shape[1]
         if max(len(s) for s in seqs) > Lc:
             raise ValueError(f"the target handed over {Lc} prefill features, the prompts need {max(len(s) for s in seqs)} "
@@ -347,15 +341,10 @@ class LuminaEagleDrafter:
 
     def _new_cache(self, n: int, prefix: int) -> KVCache:
         c, h = self.head.config, self.head
-        shape = (c.num_hidden_layers, n, c.num_attention_heads, c.head_dim, h.dtype, h.device)
         # the sequence's known maximum (as ``LuminaTarget._new_cache``): a decode never grows the cache
-        need = prefix + self.n_image_tokens + self.h_latent + self.cache_headroom
-        if self.cache is not None and self.cache.matches(*shape) and self.cache.fits(need):
-            self.cache.reset(max_committed=need - self.cache_headroom)
-            return self.cache
-        self.cache = None  # the old cache's last reference: freed before the new one is allocated (peak: one cache)
-        return KVCache(c.num_hidden_layers, n, c.num_attention_heads, c.head_dim, -(-need // 64) * 64, h.dtype, h.device,
-                       static=self.compiled, max_committed=need - self.cache_headroom)
+        committed = prefix + self.n_image_tokens + self.h_latent
+        return self._cache_for((c.num_hidden_layers, n, c.num_attention_heads, c.head_dim, h.dtype, h.device),
+                               committed + self.cache_headroom, 64, committed)
 
     def _mask(self, Ac: torch.Tensor, caller_to_int: torch.Tensor, nl_prev: torch.Tensor, total: int) -> torch.Tensor:
         """(B, r, total) bool over cache pending entries for r rows whose caller-column visibility
@@ -396,7 +385,7 @@ class LuminaEagleDrafter:
         Ac = attend.to(dev, torch.bool).expand(B, m, P + m)
         if Ac.shape[-1] != P + m:
             raise ValueError(f"attend must be (.., {m}, {P + m}), got {tuple(attend.shape)}")
-        feats = self._halves(features.to(dev, self.head.dtype))
+        feats = self._joined(features.to(dev, self.head.dtype))
         row_end = ((j + 1) % self.w_latent == 0) & (j + 1 < self.n_image_tokens) & (j >= 0)  # (B, m)
         rel = j + torch.div(j, self.w_latent, rounding_mode="floor")  # (B, m) entry position - image token 0's
         pos = self._double(rel) + self._offset.unsqueeze(1)
@@ -441,11 +430,7 @@ class LuminaEagleDrafter:
         self._p_nl = torch.cat([self._p_nl, torch.where(row_end, tok_int + m, -1)], 1)
         # a row-end node reports its newline's output (it predicts the next row's first token)
         out = torch.where(self._double(row_end).unsqueeze(-1), h_nl, h_tok)
-        logits = head_logits(out, self.code_head)
-        if self.guided:
-            return StepOut(logits=cfg_combine(logits[:B], logits[B:], self.cfg_scale),
-                           hidden=torch.stack([out[:B], out[B:]], dim=2))
-        return StepOut(logits=logits, hidden=out)
+        return self._guided_out(head_logits(out, self.code_head), out)
 
     def _most_attended_new(self, attend: torch.Tensor, Ac: torch.Tensor, P: int, m: int) -> int:
         """The most earlier new entries one new entry attends (in any sample): one host read per
@@ -459,39 +444,6 @@ class LuminaEagleDrafter:
             hit = memo[(id(attend), P, m)] = (attend, int(Ac[:, :, P:].tril(-1).sum(-1).max()) if m else 0)
         return hit[1]
 
-    def _pending_count(self) -> int:
-        """Pending entries, in the caller's numbering (host-known: every forward adds its m)."""
-        return (self._alone[0] if self._alone is not None else self)._p_int.numel()
-
-    @torch.no_grad()
-    def commit(self, keep: Optional[torch.Tensor], n_keep: torch.Tensor) -> None:
-        """keep: (B, K) caller pending indices; n_keep (B,). A kept row-end token's newline is
-        kept right after it (as ``LuminaTarget.commit``)."""
-        if keep is None:  # the first pending entries in order: explicit indices for the newline bookkeeping
-            keep = torch.arange(self._pending_count(), device=n_keep.device).expand(n_keep.shape[0], -1)
-        if self._alone is not None:
-            for b, d in enumerate(self._alone):
-                d.commit(keep[b : b + 1], n_keep[b : b + 1])
-            return
-        if self.cache is None:
-            raise RuntimeError("call begin() first")
-        dev, B = self.device, self.batch_size
-        keep, n_keep = keep.to(dev, torch.long), n_keep.to(dev, torch.long)
-        P, K = self._p_int.numel(), keep.shape[1]
-        if host_checks() and bool(((n_keep < 0) | (n_keep > min(P, K))).any()):
-            raise ValueError(f"n_keep must lie in [0, min({P} pending, {K} keep columns)]")
-        if P == 0 or K == 0:
-            n = 2 * B if self.guided else B
-            self.cache.commit(torch.zeros(n, 0, dtype=torch.long, device=dev), torch.zeros(n, dtype=torch.long, device=dev))
-        else:
-            kc = keep.clamp(0, P - 1)
-            ent, nl = self._p_int[kc], self._p_nl.gather(1, kc)
-            pair = torch.stack([ent, nl.clamp(min=0)], 2).reshape(B, 2 * K)
-            kept = torch.arange(K, device=dev).unsqueeze(0) < n_keep.unsqueeze(1)
-            valid = torch.stack([kept, kept & (nl >= 0)], 2).reshape(B, 2 * K)
-            order = torch.argsort((~valid).to(torch.int8), dim=1, stable=True)  # kept entries first, in order
-            self.cache.commit(self._double(pair.gather(1, order)), self._double(valid.sum(1)))
-        self._reset_pending()
 
 
 # ---------------------------------------------------------------------------------------- loading

@@ -1,7 +1,7 @@
 """A researcher's method, defined outside the package (docs/add_method.md): ``power_rsd``
 accepts a draft x with probability min(1, p_res(x)^gamma / q(x)) (gamma in (0, 1]: gamma = 1 is
 EAGLE's exact rule, smaller gamma accepts more) and resamples from COOL-SD's G*, the ``Rule``
-base class's default. ``python run.py --include tests/plugin_method method=power_rsd``."""
+base class's default. ``python run.py --include examples/method method=power_rsd``."""
 import torch
 
 from coolsd.engine.decoding.rules import Rule
