@@ -1,7 +1,8 @@
 """The image metrics ``python -m coolsd.cli.evaluate`` computes from a finished run's PNGs and
 captions (docs/methods.md#6-evaluation-protocol), registered with their facts
 (``coolsd.metrics.registry``): CLIP score and FID as the run's protocol computes them
-(``coolsd.metrics.protocols``), and ImageReward (protocol-independent). Each builder loads its
+(``coolsd.metrics.protocols``), and the learned preference scores ImageReward and HPSv2
+(protocol-independent; each in the interpreter that has its package, ``coolsd.metrics.external``). Each builder loads its
 network once; its ``Scorer`` scores chunks of images (or the files) and summarises a method's
 images: the mean with its 95% interval over images, FID with its bootstrap interval over the
 generated images against the reference statistics.
@@ -12,15 +13,15 @@ import json
 
 import numpy as np
 
-from coolsd.metrics.clip_score import snapshot_dir
 from coolsd.metrics.fid import bootstrap_fid_ci
+from coolsd.metrics.hps import HUB_FILE as HPS_HUB, INSTALL as HPS_INSTALL, SOURCE as HPS_SOURCE, HPSv2Scorer
 from coolsd.metrics.image_reward import INSTALL, SOURCE as IR_SOURCE, ImageRewardScorer
 from coolsd.metrics.inception import FID_RECIPES, InceptionFeatureExtractor
 from coolsd.metrics.protocols import PROTOCOLS
 from coolsd.metrics.reference import COCO_IMAGES_SOURCE, coco_image_files, reference_statistics
 from coolsd.metrics.registry import EvalContext, InputSpec, Scorer, register_metric
 from coolsd.util.fingerprint import file_identity
-from coolsd.util.stats import FRACTION, POSITIVE, mean_ci
+from coolsd.util.stats import POSITIVE
 
 COCO_IMAGES = InputSpec("--coco-images", "COCO val2017/ folder (FID's reference images)", "COCO val2017 images",
                         COCO_IMAGES_SOURCE, "COCO_VAL_IMAGES", folder=True)
@@ -32,6 +33,14 @@ IR_INPUTS = (
               hub=_IR_HUB + "med_config.json"),
     InputSpec("--ir-python", "interpreter with the image-reward package (default: this one)", "ImageReward interpreter",
               INSTALL, "IMAGEREWARD_PYTHON", optional=True),
+)
+
+
+HPS_INPUTS = (
+    InputSpec("--hps-checkpoint", "HPS_v2.1_compressed.pt (HPSv2's weights)", "HPSv2 checkpoint", HPS_SOURCE,
+              "HPSV2_CKPT", hub=HPS_HUB),
+    InputSpec("--hps-python", "interpreter with the hpsv2 package (default: this one)", "HPSv2 interpreter",
+              HPS_INSTALL, "HPSV2_PYTHON", optional=True),
 )
 
 
@@ -73,8 +82,9 @@ class FidMetric(Scorer):
         return {**bootstrap_fid_ci(values, mu_r, sig_r, n_resamples=self.resamples), "n_ref": n_ref}, None
 
 
-class ImageRewardMetric(Scorer):
-    """ImageReward v1.0 of every image file and its caption, in the interpreter that has the package."""
+class WorkerMetric(Scorer):
+    """A score of every image file and its caption, computed in the interpreter that has the metric's
+    package (``coolsd.metrics.external``: ImageReward, HPSv2)."""
 
     pixels = False
 
@@ -103,12 +113,17 @@ def build_fid(ctx: EvalContext) -> Scorer:
     return FidMetric(extractor, reference, ctx.fid_resamples)
 
 
-@register_metric("image_reward", higher_is_better=True, label="ImageReward", digits=4, pareto=True, inputs=IR_INPUTS)
+@register_metric("image_reward", higher_is_better=True, label="ImageReward", digits=4, pareto=True, inputs=IR_INPUTS,
+                 optional=True)
 def build_image_reward(ctx: EvalContext) -> Scorer:
     """ImageReward v1.0: a learned human-preference score of (image, caption) (mean over images)."""
-    return ImageRewardMetric(ImageRewardScorer(ctx.inputs["ir_checkpoint"], ctx.inputs["ir_med_config"],
-                                               ctx.inputs.get("ir_python"), device=ctx.device))
+    return WorkerMetric(ImageRewardScorer(ctx.inputs["ir_checkpoint"], ctx.inputs["ir_med_config"],
+                                          ctx.inputs.get("ir_python"), device=ctx.device))
 
 
-__all__ = ["ClipMetric", "FidMetric", "ImageRewardMetric", "COCO_IMAGES", "IR_INPUTS", "snapshot_dir", "FRACTION",
-           "mean_ci"]
+@register_metric("hpsv2", higher_is_better=True, label="HPSv2", digits=4, pareto=True, inputs=HPS_INPUTS, optional=True)
+def build_hpsv2(ctx: EvalContext) -> Scorer:
+    """HPSv2: a learned human-preference score of (image, caption), as the hpsv2 package computes it (mean over images)."""
+    return WorkerMetric(HPSv2Scorer(ctx.inputs["hps_checkpoint"], ctx.inputs.get("hps_python"), device=ctx.device))
+
+

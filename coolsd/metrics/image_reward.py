@@ -8,17 +8,9 @@ the checkpoint and ``med_config.json`` exist, the interpreter exists and imports
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
-from typing import Sequence
 
-import numpy as np
-
-from coolsd.util.loading import MissingInputFile
+from coolsd.metrics.external import WorkerScorer
 
 SOURCE = "https://huggingface.co/THUDM/ImageReward (files ImageReward.pt and med_config.json)"
 INSTALL = ("create a separate environment for it (python -m venv ir && ir/bin/pip install image-reward) and "
@@ -26,48 +18,13 @@ INSTALL = ("create a separate environment for it (python -m venv ir && ir/bin/pi
 WORKER = Path(__file__).with_name("image_reward_worker.py")
 
 
-class ImageRewardScorer:
-    def __init__(self, checkpoint, med_config, python: str | os.PathLike | None = None, device: str = "cpu",
-                 env: dict | None = None):
+class ImageRewardScorer(WorkerScorer):
+    """ImageReward v1.0 scores of (image file, caption) pairs through ``image_reward_worker.py``."""
+
+    name, package, install, source, worker = "ImageReward", "ImageReward", INSTALL, SOURCE, WORKER
+
+    def __init__(self, checkpoint, med_config, python=None, device: str = "cpu", env: dict | None = None):
         self.checkpoint, self.med_config = Path(checkpoint or ""), Path(med_config or "")
-        self.python = str(python or sys.executable)
-        self.device, self.env = device, env
-
-        for what, p in (("checkpoint", self.checkpoint), ("med_config", self.med_config)):
-            if not str(p) or not p.is_file():
-                raise MissingInputFile(f"ImageReward {what} file {str(p) or '(not set)'} not found; it comes from "
-                                       f"{SOURCE}")
-        probe = self._run([self.python, "-c", "import ImageReward"], timeout=600, check=False)
-        if probe.returncode != 0:
-            raise RuntimeError(f"{self.python} cannot import the ImageReward package (optional extra); {INSTALL}. "
-                               f"Its error: {probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else probe.returncode}")
-
-    def _run(self, cmd, timeout=None, check=True):
-        env = {**os.environ, **(self.env or {})}
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-        except FileNotFoundError:
-            raise MissingInputFile(f"ImageReward interpreter {self.python} does not exist; {INSTALL}") from None
-        if check and proc.returncode != 0:
-            raise RuntimeError(f"ImageReward worker failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
-        return proc
-
-    def score(self, image_paths: Sequence[str | os.PathLike], captions: Sequence[str]) -> np.ndarray:
-        """One ImageReward score per (image file, caption) pair, in order."""
-        if len(image_paths) != len(captions):
-            raise ValueError(f"{len(image_paths)} images but {len(captions)} captions")
-        missing = [str(p) for p in image_paths if not Path(p).is_file()]
-        if missing:
-            raise FileNotFoundError(f"{len(missing)} image(s) to score do not exist, e.g. {missing[0]}")
-        with tempfile.TemporaryDirectory(prefix="coolsd_ir_") as tmp:
-            job, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
-            items = [{"image": str(Path(p).resolve()), "caption": c} for p, c in zip(image_paths, captions)]
-            job.write_text(json.dumps({"items": items}), encoding="utf-8")
-            self._run([self.python, str(WORKER), str(job), str(out), "--checkpoint", str(self.checkpoint.resolve()),
-                       "--med-config", str(self.med_config.resolve()), "--device", self.device])
-            result = json.loads(out.read_text(encoding="utf-8"))
-        scores = np.asarray(result["scores"], dtype=np.float64)
-        if scores.shape != (len(items),):
-            raise RuntimeError(f"ImageReward worker returned {scores.shape} scores for {len(items)} images")
-        self.unexpected_keys = result.get("unexpected_keys", [])
-        return scores
+        super().__init__({"checkpoint": checkpoint, "med_config": med_config},
+                         ["--checkpoint", self.checkpoint.resolve(), "--med-config", self.med_config.resolve()],
+                         python, device, env)

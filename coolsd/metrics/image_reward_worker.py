@@ -10,24 +10,16 @@ JOB.json: {"items": [{"image": path, "caption": str}, ...]}. OUT.json (written a
 {"scores": [float, ...] in item order, "unexpected_keys": [...]}. The checkpoint is read with
 ``torch.load(weights_only=True)`` and loaded strictly for the parameters: a parameter the file
 lacks is an error (the package's own loader would leave it at its random initial value). The
-model runs with TF32 off (``tf32_off``), the precision of every metric network of the project
+model runs with TF32 off (``worker_io.tf32_off``), the precision of every metric network of the project
 (``coolsd.metrics.numerics``).
 """
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import sys
-
-
-def tf32_off() -> None:
-    """IEEE float32 cuBLAS matmuls and cuDNN convolutions for this process (the legacy flags,
-    which every torch since 1.7 has; cuDNN's is on by default)."""
-    import torch
-
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+try:  # run as a script (the way it is used): worker_io.py is beside it, on sys.path
+    from worker_io import run_worker
+except ImportError:
+    # deferred: imported as a module of the package (the metric registry imports each one), not run as a script
+    from coolsd.metrics.worker_io import run_worker
 
 
 def load_model(checkpoint: str, med_config: str, device: str):
@@ -46,29 +38,14 @@ def load_model(checkpoint: str, med_config: str, device: str):
     return model.eval(), sorted(result.unexpected_keys)
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("job")
-    ap.add_argument("out")
+def _arguments(ap) -> None:
     ap.add_argument("--checkpoint", required=True)
     ap.add_argument("--med-config", required=True)
-    ap.add_argument("--device", default="cpu")
-    a = ap.parse_args(argv)
-    items = json.loads(open(a.job, encoding="utf-8").read())["items"]
-    tf32_off()
-    model, unexpected = load_model(a.checkpoint, a.med_config, a.device)
-    import torch
 
-    scores = []
-    with torch.no_grad():
-        for i, item in enumerate(items):
-            scores.append(float(model.score(item["caption"], item["image"])))
-            if (i + 1) % 100 == 0 or i + 1 == len(items):
-                print(f"image_reward: {i + 1}/{len(items)}", file=sys.stderr, flush=True)
-    tmp = a.out + ".partial"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"scores": scores, "unexpected_keys": unexpected}, f)
-    os.replace(tmp, a.out)
+
+def main(argv=None) -> None:
+    run_worker("image_reward", __doc__, _arguments, lambda a: load_model(a.checkpoint, a.med_config, a.device),
+               lambda model, item, a: model.score(item["caption"], item["image"]), argv)
 
 
 if __name__ == "__main__":

@@ -115,6 +115,7 @@ class MetricInfo:
     inputs: tuple = ()  # evaluate: InputSpec, or the flag of an input the protocol defines
     prompt_sets: tuple = ("coco", "parti")  # evaluate: the prompt sets it can score
     build: Optional[Callable[[EvalContext], Scorer]] = None  # evaluate: the scorer under a protocol
+    optional: bool = False  # an optional extra (its own environment): a report computes it only where its first input is set
 
     def __post_init__(self):
         if self.computed_by not in COMPUTED_BY:

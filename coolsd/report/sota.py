@@ -221,7 +221,8 @@ def main(argv=None):
     plugins.load(a.include)
     extra = [parse_row(w) for w in a.row]
     targets, records_root, scorers = report_prelude(a, "sota", "sota-table",
-                                                    lambda *args: real_configs(*args, extra=extra))
+                                                    lambda *args: real_configs(*args, extra=extra),
+                                                    metrics=METRICS.names(computed_by="evaluate"))
     frames, summaries, tests = [], {}, {}
     for t in targets:
         parti = (a.parti_tsv, a.parti_prompts) if a.parti_tsv is not None else None

@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 
 from coolsd.cli.evaluate import build_scorers
-from coolsd.metrics.registry import PROTOCOLS, analogues, metric, protocol_inputs
+from coolsd.metrics.registry import PROTOCOLS, analogues, every_input_spec, metric, protocol_inputs
 from coolsd.report.compare import paired_comparison
 from coolsd.report.paper import TABLE2_COLUMNS, table2_rows, tag_of
 from coolsd.report.plots import pareto_plot
@@ -69,18 +69,25 @@ def check_target(target: str):
     return world_cls
 
 
-def real_metric_names(a) -> list[str]:
-    """The metrics a report computes on real targets: the paper's quality columns, ImageReward only
-    where its checkpoint is set."""
-    return [c for c in QUALITY_COLUMNS if c != "image_reward" or a.ir_checkpoint]
+def real_metric_names(a, names=QUALITY_COLUMNS) -> list[str]:
+    """The metrics among ``names`` (default: the paper's quality columns) a report computes on real
+    targets: every one, an optional extra (``MetricInfo.optional``: ImageReward, HPSv2) only where its
+    first input is set (``--ir-checkpoint``, ``--hps-checkpoint``, or their variables)."""
+    proto = PROTOCOLS.get(a.protocol)
+
+    def given(m):
+        first = protocol_inputs(proto, metric(m))[0]
+        return getattr(a, first.dest, None) is not None
+
+    return [m for m in names if not metric(m).optional or given(m)]
 
 
-def metric_inputs(a) -> dict:
+def metric_inputs(a, names=QUALITY_COLUMNS) -> dict:
     """name -> (path, source) of what the real-target metrics need under ``a.protocol``
     (their ``InputSpec``s, ``coolsd.metrics.registry``)."""
     proto = PROTOCOLS.get(a.protocol)
     out = {}
-    for name in real_metric_names(a):
+    for name in real_metric_names(a, names):
         for spec in protocol_inputs(proto, metric(name)):
             value = getattr(a, spec.dest, None)
             if value is None and spec.default is not None:
@@ -91,11 +98,12 @@ def metric_inputs(a) -> dict:
     return out
 
 
-def real_scorers(a) -> dict:
+def real_scorers(a, names=QUALITY_COLUMNS) -> dict:
     """The metric networks of ``coolsd.cli.evaluate``, built once for every run of the sweep."""
     proto = PROTOCOLS.get(a.protocol)
-    inputs = {s.dest: getattr(a, s.dest, None) for m in real_metric_names(a) for s in protocol_inputs(proto, metric(m))}
-    return {"scorers": build_scorers(real_metric_names(a), device=a.metrics_device, cache_dir=ROOT / "outputs" / "cache",
+    wanted = real_metric_names(a, names)
+    inputs = {s.dest: getattr(a, s.dest, None) for m in wanted for s in protocol_inputs(proto, metric(m))}
+    return {"scorers": build_scorers(wanted, device=a.metrics_device, cache_dir=ROOT / "outputs" / "cache",
                                      fid_resamples=a.fid_resamples, protocol=a.protocol, **inputs),
             "protocol": a.protocol}
 
@@ -186,8 +194,9 @@ def write_tables(df: pd.DataFrame, out: Path) -> None:
 def report_args(doc: str, name: str, toy_prompts: int, protocol: str = "lantern") -> argparse.ArgumentParser:
     """The command line of a report over targets (``make paper-table2``, ``make sota-table``):
     targets, prompts, output and records folders, overrides, the evaluation protocol (default
-    ``protocol``) and the metric files of real targets (``--clip`` / ``--inception`` default to the
-    protocol's environment variables, ``coolsd.metrics.protocols.INPUTS``: ``report_prelude``)."""
+    ``protocol``) and the metric files of real targets: ``--clip`` / ``--inception`` default to the
+    protocol's environment variables (``report_prelude``), every other input of a registered metric
+    (``InputSpec``: ``--coco-images``, ``--ir-*``, ``--hps-*``) to its own."""
     env = os.environ.get
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--targets", default="toy", help="comma-separated target names (conf/target/*.yaml)")
@@ -201,16 +210,18 @@ def report_args(doc: str, name: str, toy_prompts: int, protocol: str = "lantern"
     ap.add_argument("--clip", default=None, help="CLIP folder (default: $CLIP_DIR, or $CLIP_B16_DIR under sjd)")
     ap.add_argument("--inception", default=None,
                     help="FID Inception weights (default: $INCEPTION_WEIGHTS, or $PT_INCEPTION_WEIGHTS under sjd)")
-    ap.add_argument("--coco-images", default=env("COCO_VAL_IMAGES"))
-    ap.add_argument("--ir-checkpoint", default=env("IMAGEREWARD_CKPT"))
-    ap.add_argument("--ir-med-config", default=env("IMAGEREWARD_MED_CONFIG"))
-    ap.add_argument("--ir-python", default=env("IMAGEREWARD_PYTHON"))
+    protocol_flags = {f for p in PROTOCOLS.names() for f in PROTOCOLS.get(p).inputs}
+    for flag, specs in every_input_spec().items():
+        if flag not in protocol_flags:
+            spec = specs[0]
+            ap.add_argument(flag, default=env(spec.env) if spec.env else None,
+                            help=f"{spec.help} [{'$' + spec.env if spec.env else 'no variable'}]")
     ap.add_argument("--metrics-device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--fid-resamples", type=int, default=100)
     return ap
 
 
-def report_prelude(a, name: str, make: str, configs):
+def report_prelude(a, name: str, make: str, configs, metrics=QUALITY_COLUMNS):
     """(targets, records root, metric scorers or None) of a report's arguments ``a``: every target
     known and, for real ones, every input file present (one list, before any work starts);
     ``configs(target, prompts, records, overrides)``: its (tag, job config) rows."""
@@ -224,10 +235,10 @@ def report_prelude(a, name: str, make: str, configs):
     missing = []
     for t in (t for t in targets if t != "toy"):
         cfg = configs(t, a.prompts or 5000, records_root / t, a.override)[0][1]
-        missing += [f"{t}: {m}" for m in sweep_missing_inputs(cfg, metric_inputs(a))]
+        missing += [f"{t}: {m}" for m in sweep_missing_inputs(cfg, metric_inputs(a, metrics))]
     if missing:
         raise SystemExit(f"make {make} cannot run; missing:\n  " + "\n  ".join(missing))
-    scorers = real_scorers(a) if any(t != "toy" for t in targets) else None
+    scorers = real_scorers(a, metrics) if any(t != "toy" for t in targets) else None
     a.out.mkdir(parents=True, exist_ok=True)
     return targets, records_root, scorers
 

@@ -102,7 +102,7 @@ def test_dry_run_offline_lists_the_worlds_own_needs_without_sizes(hf_home, capsy
         download.main(["--dry-run"])
     with pytest.raises(InputError, match=r"^target=nope: In 'config': Could not find 'target/nope'$"):
         download.main(["target=nope", "--dry-run"])
-    with pytest.raises(InputError, match=r"^metrics: unknown metric\(s\) \['clip'\]; valid: clip_score, fid, image_reward$"):
+    with pytest.raises(InputError, match=r"^metrics: unknown metric\(s\) \['clip'\]; valid: clip_score, fid, hpsv2, image_reward$"):
         download.main(["metrics=clip", "--dry-run"])
 
 

@@ -63,6 +63,8 @@ def test_run_py_lists_included_methods_and_refuses_an_unknown_kind_in_one_line()
     assert "power_rsd  (discrete, drafter model; lossless: depends on its parameters; " \
            "examples/method/power_rsd.py:" in proc.stdout
     assert "    method.gamma=0.8   (a finite number > 0 and <= 1.0)  a = p_res ** gamma" in proc.stdout
+    targets = _run("--include", str(ROOT / "examples" / "target"), "--list", "targets")
+    assert targets.returncode == 0 and "toy_guided  (discrete; ToyGuidedWorld, examples/target/toy_guided.py:" in targets.stdout
     bad = _run("--list=bogus")
     assert bad.returncode == 2 and bad.stderr.strip() == ("error: --list bogus: valid: methods, targets, drafters, trees, "
                                                           "metrics, protocols")

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 from coolsd.cli.evaluate import evaluate_run, main
-from coolsd.metrics.image_metrics import ClipMetric, FidMetric, ImageRewardMetric
+from coolsd.metrics.image_metrics import ClipMetric, FidMetric, WorkerMetric
 from coolsd.metrics.clip_score import ClipScorer
 from coolsd.metrics.fid import feature_statistics, frechet_distance
 from coolsd.metrics.image_reward import ImageRewardScorer
@@ -134,7 +134,7 @@ def test_image_reward_scores_through_the_worker(tmp_path, fake_image_reward):
     run = _run(tmp_path / "run")
     ir = ImageRewardScorer(fake_image_reward["checkpoint"], fake_image_reward["med_config"], python=sys.executable,
                            env=fake_image_reward["env"])
-    out = evaluate_run(run, {"image_reward": ImageRewardMetric(ir)})
+    out = evaluate_run(run, {"image_reward": WorkerMetric(ir)})
     for tag in ("ar", "coolsd"):
         want = [np.asarray(Image.open(run / "images" / tag / f"{i:05d}.png")).mean() / 255 + len(CAPTIONS[i]) / 100 + 0.5
                 for i in range(4)]
@@ -154,7 +154,7 @@ def test_image_reward_errors_before_work(tmp_path, fake_image_reward):
     ir = ImageRewardScorer(tmp_path / "wrong.pt", f["med_config"], python=sys.executable, env=f["env"])
     run = _run(tmp_path / "run", n=1)
     with pytest.raises(RuntimeError, match=r"not an ImageReward checkpoint: it lacks 2 parameters \(head\.bias, head\.weight\)"):
-        evaluate_run(run, {"image_reward": ImageRewardMetric(ir)})
+        evaluate_run(run, {"image_reward": WorkerMetric(ir)})
 
 
 def test_cli_checks_inputs_before_work(tmp_path, capsys, fake_image_reward, monkeypatch):

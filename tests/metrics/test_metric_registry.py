@@ -151,5 +151,5 @@ def test_evaluate_refuses_an_unknown_metric_with_the_registered_ones(tmp_path):
     from coolsd.util.errors import ConfigError
 
     run = _run(tmp_path / "run")
-    with pytest.raises(ConfigError, match=r"unknown metric\(s\) \['colorfulnes'\]; valid: clip_score, fid, image_reward$"):
+    with pytest.raises(ConfigError, match=r"unknown metric\(s\) \['colorfulnes'\]; valid: clip_score, fid, hpsv2, image_reward$"):
         evaluate([str(run), "--metrics", "colorfulnes"])
