@@ -24,7 +24,9 @@ every random draw recorded, outputs; read by tests/engine/test_upstream_samplers
 and ``--zipar`` (ThisisBillhe/ZipAR's LlamaGen code: ``generate_zipar.generate`` on its ``gpt.py``, every
 query's fed token, position, logits and zero cache slots, and the draws; read by
 tests/engine/test_upstream_zipar.py), and ``--pjd`` (boyaliao/PJD's multi-row sampler, section "PJD
-(sampler)"; read by tests/engine/test_upstream_samplers.py).
+(sampler)"; read by tests/engine/test_upstream_samplers.py), and ``--disa`` (Qinyu-Allen-Zhao/DiSA's
+``MAR_DiSA`` DiffLoss with ``diff_sampler="DiSA"``: the annealed step schedules, the respaced timesteps and
+``DiffLoss.sample`` with recorded draws; torch and numpy only, ``.cuda()`` the identity while it runs).
 
 Usage (each option optional; families not given keep their existing files)::
 
@@ -34,6 +36,7 @@ Usage (each option optional; families not given keep their existing files)::
         --gsd /tmp/upstream/gsd --sjd-pac /tmp/upstream/sjd_pac
     python tools/make_upstream_fixtures.py --zipar /tmp/upstream/zipar
     python tools/make_upstream_fixtures.py --pjd /tmp/upstream/pjd
+    python tools/make_upstream_fixtures.py --disa /tmp/disa
 
 Environment: LANTERN's and Lumina's modelling code needs transformers 4.45.2 (LANTERN's pin;
 transformers 5.x cannot build its configs), MAR's and xAR's need timm, xAR's also einops. Run
@@ -55,8 +58,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import functools
 import importlib
+import inspect
 import json
 import os
 import shlex
@@ -72,7 +77,8 @@ DEFAULT_OUT = REPO_ROOT / "tests" / "fixtures" / "upstream"
 UPSTREAM_REPOS = {"llamagen": "FoundationVision/LlamaGen", "lantern": "jadohu/LANTERN", "lumina": "Alpha-VLLM/Lumina-mGPT",
                   "mar": "LTH14/mar", "xar": "OliverRensu/xAR", "harmon": "wusize/Harmon",
                   "sjd": "tyshiwo1/Accelerating-T2I-AR-with-SJD", "scd": "junhyukso/SCD", "gsd": "junhyukso/GSD",
-                  "sjd_pac": "KangJialiang/SJD-PAC", "zipar": "ThisisBillhe/ZipAR", "pjd": "boyaliao/PJD"}
+                  "sjd_pac": "KangJialiang/SJD-PAC", "zipar": "ThisisBillhe/ZipAR", "pjd": "boyaliao/PJD",
+                  "disa": "Qinyu-Allen-Zhao/DiSA"}
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -1247,6 +1253,208 @@ def make_harmon(root: Path, out_dir: Path, manifest: dict) -> None:
                   f"relative to the largest token; run with {versions}")
 
 
+# ------------------------------------------------------------------------------------ DiSA (MAR)
+_DISA_SCHEDULES = ((50, 5, 64), (8, 3, 7))  # (diff_upper_steps, diff_lower_steps, ar_num_iter)
+_DISA_STRATEGIES = ("linear", "cosine", "constant", "two-stage")  # DiffLoss.sample's branches (diffloss.py:89-98)
+
+
+def _disa_sample(dl, z, cfg: float, step: int, num_iter: int, temperature: float, draws: list, replay=None,
+                 forward=None) -> tuple[torch.Tensor, list]:
+    """One upstream ``DiffLoss.sample`` with ``torch.randn`` / ``torch.randn_like`` drawing from a
+    seeded generator (``draws`` is a Generator: every draw appended to the list returned) or popping
+    ``replay`` (a list of tensors; ``torch.randn`` without a dtype keeps the replayed tensor's, so an fp64
+    replay runs upstream in fp64), and ``.cuda()`` the identity.
+    ``forward`` (optional) wraps the net's forward (an instance attribute while it runs)."""
+    gen, record, queue = draws, [], None if replay is None else list(replay)
+    torch_randn = torch.randn
+
+    def take(shape, dtype):  # dtype None: torch's default (a replayed draw keeps its own dtype)
+        if queue is not None:
+            v = queue.pop(0)
+            assert tuple(v.shape) == tuple(shape), (tuple(v.shape), tuple(shape))
+            v = v.to(dtype or v.dtype).clone()
+        else:
+            v = torch_randn(*shape, generator=gen, dtype=dtype or torch.float32)
+        record.append(v.clone())
+        return v
+
+    def randn(*size, **kw):
+        shape = size[0] if len(size) == 1 and isinstance(size[0], (list, tuple, torch.Size)) else size
+        return take(shape, kw.get("dtype"))
+
+    def randn_like(x, **kw):
+        return take(x.shape, kw.get("dtype") or x.dtype)
+
+    if forward is not None:
+        dl.net.forward = forward
+    try:
+        with _patched(torch, "randn", randn), _patched(torch, "randn_like", randn_like), \
+                _patched(torch.Tensor, "cuda", lambda self, *a, **k: self), torch.no_grad():
+            out = dl.sample(z, temperature=temperature, cfg=cfg, step=step, ar_num_iter=num_iter)
+    finally:
+        if forward is not None:
+            del dl.net.forward
+    assert queue is None or not queue, f"{len(queue)} replayed draws unused"
+    return out, record
+
+
+def make_disa(root: Path, out_dir: Path, manifest: dict) -> None:
+    """Qinyu-Allen-Zhao/DiSA ``MAR_DiSA/models/diffloss.py`` (``DiffLoss`` with ``diff_sampler="DiSA"``:
+    one ``create_diffusion(str(k), noise_schedule="cosine")`` per nominal step count k in [lower, upper],
+    ``sample`` picks one per AR iteration) and ``MAR_DiSA/diffusion/`` (``create_diffusion``, whose
+    default ``clip_timesteps`` = 950 clips the respaced timesteps, ``SpacedDiffusion``,
+    ``p_sample_loop``). Torch and numpy only; ``.cuda()`` (diffloss.py:81/86, gaussian_diffusion.py:504)
+    is the identity while upstream runs.
+
+    (a) Schedules: for (upper, lower, ar_num_iter) in ``_DISA_SCHEDULES`` and every annealing strategy,
+        upstream's ``sample`` is called for each AR step with ``gen_diffusion`` replaced by probes that
+        record the index it picks (its own expression): ``out.steps_<strategy>_<upper>_<lower>_<num_iter>``
+        = lower + that index. ``out.timesteps_<k>`` = the sorted original timesteps of the respaced
+        diffusion of nominal k (``use_timesteps``, asserted equal to its ``timestep_map``), every k in
+        [3, 50] (the two settings' DiffLoss agree on the shared k).
+    (b) Sampling: a tiny DiffLoss (4 channels, z 8, depth 1, width 32, upper 8, lower 3, linear) with
+        random fp16-exact weights (the v rows of ``final_layer.linear`` scaled by 0.2 so v stays in
+        [-1, 1], asserted: coolsd clamps v where upstream does not), ``sample`` at AR steps 0, 3, 6 of 7,
+        cfg 1 and 3, temperature 0.9, every ``randn`` / ``randn_like`` recorded in call order."""
+    src = root / "MAR_DiSA" if (root / "MAR_DiSA").is_dir() else root
+    commit = checkout_commit(root)
+    with upstream_path(src, ("models", "diffusion", "util")):
+        dm = importlib.import_module("models.diffloss")
+        diffusion = importlib.import_module("diffusion")
+        clip = inspect.signature(diffusion.create_diffusion).parameters["clip_timesteps"].default
+        T = 1000
+        outputs, inputs = {}, {}
+
+        # (a) schedules: upstream's own index expression, the respaced timesteps of every nominal k
+        class Probe:
+            def __init__(self, i, used):
+                self.i, self.used = i, used
+
+            def p_sample_loop(self, *a, **k):
+                self.used.append(self.i)
+                return torch.zeros(1)
+
+        timesteps = {}
+        for upper, lower, num_iter in _DISA_SCHEDULES:
+            torch.manual_seed(0)
+            dl = dm.DiffLoss(target_channels=4, z_channels=8, depth=1, width=32, diff_upper_steps=upper,
+                             diff_lower_steps=lower, diff_sampler="DiSA")
+            assert len(dl.gen_diffusion) == upper - lower + 1
+            for i, gd in enumerate(dl.gen_diffusion):
+                k = lower + i
+                ts = sorted(gd.use_timesteps)
+                assert ts == list(gd.timestep_map) and len(ts) == gd.num_timesteps, k
+                assert timesteps.setdefault(k, ts) == ts, k  # the same create_diffusion(str(k)) in both
+            real, used = dl.gen_diffusion, []
+            dl.gen_diffusion = [Probe(i, used) for i in range(len(real))]
+            for strategy in _DISA_STRATEGIES:
+                dl.diff_annealing_strategy = strategy
+                used.clear()
+                for step in range(num_iter):
+                    _disa_sample(dl, torch.zeros(1, 8), 1.0, step, num_iter, 1.0, torch.Generator().manual_seed(0))
+                assert len(used) == num_iter
+                outputs[f"steps_{strategy}_{upper}_{lower}_{num_iter}"] = torch.tensor(used, dtype=torch.int64) + lower
+            dl.gen_diffusion = real
+        for k, ts in sorted(timesteps.items()):
+            outputs[f"timesteps_{k}"] = torch.tensor(ts, dtype=torch.int64)
+
+        # (b) sampling with the tiny head
+        upper, lower, num_iter, temperature, strategy = 8, 3, 7, 0.9, "linear"
+        net_cfg = dict(in_channels=4, model_channels=32, out_channels=8, z_channels=8, num_res_blocks=1)
+        torch.manual_seed(0)
+        dl = dm.DiffLoss(target_channels=4, z_channels=8, depth=1, width=32, grad_checkpointing=False,
+                         diff_upper_steps=upper, diff_lower_steps=lower, diff_annealing_strategy=strategy,
+                         diff_sampler="DiSA").eval()
+        assert {k: getattr(dl.net, k) for k in ("in_channels", "model_channels", "out_channels", "num_res_blocks")} \
+            == {k: v for k, v in net_cfg.items() if k != "z_channels"}
+        assert dl.net.cond_embed.in_features == net_cfg["z_channels"]
+        randomize(dl.net, seed=41, std=0.15, norm_keys=("norm", "_ln"))
+        with torch.no_grad():
+            out_layer = dl.net.final_layer.linear
+            out_layer.weight[4:] *= 0.2  # the v half of the output (gaussian_diffusion.py:285-292)
+            out_layer.bias[4:] *= 0.2
+        round_fp16(dl.net)
+        g = torch.Generator().manual_seed(42)
+        B = 3
+        z, z_unc = torch.randn(B, 8, generator=g), torch.randn(B, 8, generator=g)
+        inputs.update({"z": z, "z_uncond": z_unc})
+        net_forward = dl.net.forward
+        v_max, max_err, scale, cases = [0.0], {}, {}, {}
+
+        for c, (step, cfg) in enumerate((s, f) for s in (0, 3, 6) for f in (1.0, 3.0)):
+            z_in = z if cfg == 1.0 else torch.cat([z, z_unc])
+            calls = []
+
+            def forward(x, t, c, net_forward=net_forward, calls=calls, cfg=cfg):  # called with c= (model_kwargs)
+                out = net_forward(x, t, c)
+                assert bool((t == t[0]).all())
+                calls.append(int(t[0]))
+                half = len(x) // 2 if cfg != 1.0 else len(x)  # forward_with_cfg: only the cond half's v is used
+                v_max[0] = max(v_max[0], out[:half, 4:].abs().max().item())
+                return out
+
+            tokens, draws = _disa_sample(dl, z_in, cfg, step, num_iter, temperature,
+                                         torch.Generator().manual_seed(50 + c), forward=forward)
+            n = len(calls)
+            sid = int(outputs[f"steps_{strategy}_{upper}_{lower}_{num_iter}"][step]) - lower
+            assert calls == timesteps[lower + sid][::-1], (calls, sid)  # the chain ran gen_diffusion[sid]
+            rows = len(z_in)
+            assert tokens.shape == (rows, 4) and len(draws) == n + 1
+            assert draws[0].shape == (B, 4) and all(d.shape == (rows, 4) for d in draws[1:])
+            # the last step (respaced t = 0) draws a noise it does not use: replay with it zeroed
+            again, _ = _disa_sample(dl, z_in, cfg, step, num_iter, temperature, None,
+                                    replay=draws[:-1] + [torch.zeros_like(draws[-1])])
+            assert torch.equal(again, tokens)
+            # fp32 error estimate: the same run in fp64 (the net in fp64; upstream's fp32 sinusoidal embedding
+            # and fp32 diffusion coefficients (_extract_into_tensor) are kept in both runs)
+            dl64 = copy.deepcopy(dl).double()
+            te = dl64.net.time_embed
+            te.forward = lambda t, te=te: te.mlp(te.timestep_embedding(t, te.frequency_embedding_size).double())
+            ref, _ = _disa_sample(dl64, z_in.double(), cfg, step, num_iter, temperature, None,
+                                  replay=[d.double() for d in draws])
+            name = f"s{step}_cfg{int(cfg)}"
+            max_err[name] = (tokens.double() - ref).abs().max().item()
+            scale[name] = tokens.abs().max().item()
+            if all(d.shape == draws[0].shape for d in draws):
+                inputs[f"draws_{name}"] = torch.stack(draws)
+            else:
+                for i, d in enumerate(draws):
+                    inputs[f"draw{i}_{name}"] = d
+            outputs[f"sample_{name}"] = tokens
+            if cfg == 1.0:
+                outputs[f"n_steps_s{step}"] = torch.tensor(n, dtype=torch.int64)
+                outputs[f"ts_s{step}"] = torch.tensor(calls, dtype=torch.int64)
+            else:
+                assert n == int(outputs[f"n_steps_s{step}"]) and calls == outputs[f"ts_s{step}"].tolist()
+            cases[name] = {"step": step, "cfg": cfg, "draw_seed": 50 + c, "nominal_steps": lower + sid, "n_steps": n,
+                           "rows": rows, "max_abs": round(scale[name], 4),
+                           "fp64_max_abs_diff": float(f"{max_err[name]:.3g}")}
+        assert v_max[0] < 1.0, v_max  # coolsd's step_gaussian clamps v to [-1, 1] (upstream does not)
+
+    config = dict(net_cfg, target_channels=4, upper=upper, lower=lower, strategy=strategy, temperature=temperature,
+                  ar_num_iter=num_iter, T=T, noise_schedule="cosine", clip_timesteps=clip, learn_sigma=True,
+                  schedules=[list(s) for s in _DISA_SCHEDULES], strategies=list(_DISA_STRATEGIES), cases=cases,
+                  max_abs_v=round(v_max[0], 4))
+    worst = max(max_err.values())
+    note = ("(a) out.steps_<strategy>_<upper>_<lower>_<ar_num_iter> (ar_num_iter,): the nominal step count "
+            "lower + schedule_id of each AR step, from upstream's DiffLoss.sample (gen_diffusion replaced by index "
+            "probes); out.timesteps_<k>: sorted original timesteps of create_diffusion(str(k)) (clip_timesteps "
+            f"{clip}: duplicates merged, so k >= 22 runs fewer than k steps). (b) DiffLoss.sample (DiSA, upper 8, "
+            "lower 3, linear, ar_num_iter 7, temperature 0.9) at steps 0, 3, 6, cfg 1 (z, B = 3) and cfg 3 "
+            "(cat[z, z_uncond]): in.draws_s<step>_cfg1 (n_steps + 1, B, 4) stacked, in.draw<i>_s<step>_cfg3 (draw 0 "
+            "(B, 4), duplicated by upstream for both halves; draws 1.. (2B, 4), one per p_sample, independent per "
+            "half); the last p_sample (respaced t = 0) draws a noise it does not add (asserted); out.sample_* "
+            "upstream's return (cfg 3: 2B rows, the second half diverged and is discarded by MAR); out.n_steps_s<step>, "
+            f"out.ts_s<step> the original timesteps the net saw. Measured max abs diff of this fp32 run vs the same "
+            f"run with the net in fp64: {worst:.2g} (tokens up to {max(scale.values()):.3g}: a random head's eps is "
+            "amplified by 1 / sqrt(alpha_bar(950)) ~ 13 at the first step); tolerance 1e-4 absolute")
+    save(out_dir, "disa", "disa", dict(dl.net.state_dict()), inputs, outputs, config, manifest,
+         UPSTREAM_REPOS["disa"], commit,
+         "MAR_DiSA/models/diffloss.py (DiffLoss DiSA: __init__, sample; SimpleMLPAdaLN forward, forward_with_cfg), "
+         "MAR_DiSA/diffusion/__init__.py (create_diffusion), respace.py (space_timesteps, SpacedDiffusion), "
+         "gaussian_diffusion.py (p_sample_loop, p_sample, p_mean_variance)", tolerance=1e-4, note=note)
+
+
 # ------------------------------------------------------------------------------------ SJD-family samplers
 # SJD (tyshiwo1/Accelerating-T2I-AR-with-SJD), MC-SJD / SCD (junhyukso/SCD), GSD (junhyukso/GSD) and
 # SJD-PAC (KangJialiang/SJD-PAC): their samplers are plain functions and classes of one scheduler
@@ -2055,6 +2263,7 @@ FAMILIES = {
     "sjd_pac": [make_sjd_pac_sampler],
     "zipar": [make_zipar_llamagen],
     "pjd": [make_pjd_sampler],
+    "disa": [make_disa],
 }
 EXTRA = {"llamagen": [make_t5]}  # run after every family (make_t5 reads LANTERN's prompt files when given)
 
@@ -2075,6 +2284,8 @@ def main(argv=None) -> int:
                     help="checkout of ThisisBillhe/ZipAR (its root or LlamaGen-ZipAR/; git archive: UPSTREAM_COMMIT)")
     ap.add_argument("--pjd", type=Path,
                     help="boyaliao/PJD's scheduler/ (the sampler's definitions; UPSTREAM_COMMIT)")
+    ap.add_argument("--disa", type=Path,
+                    help="checkout of Qinyu-Allen-Zhao/DiSA (its root or MAR_DiSA/; git archive: UPSTREAM_COMMIT)")
     ap.add_argument("--hf-chameleon", action="store_true",
                     help="also make the transformers ChameleonForConditionalGeneration fixture (installed package)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -2096,7 +2307,7 @@ def main(argv=None) -> int:
     given = {name: getattr(args, name) for name in FAMILIES if getattr(args, name) is not None}
     if not given and not args.hf_chameleon:
         ap.error("give at least one upstream checkout (--llamagen, --lantern, --lumina, --mar, --xar, --harmon, "
-                 "--sjd, --scd, --gsd, --sjd-pac, --zipar, --pjd) "
+                 "--sjd, --scd, --gsd, --sjd-pac, --zipar, --pjd, --disa) "
                  "or --hf-chameleon")
     for name, root in given.items():
         if not root.is_dir():

@@ -136,5 +136,5 @@ def test_a_continuous_method_object_takes_the_registry_s_continuous_names():
     from coolsd.engine.methods.cspd import ContinuousMethod
 
     assert ContinuousMethod(name="ar").name == "ar"
-    with pytest.raises(ValueError, match=r"^continuous targets run method=ar or method=cspd, not 'eagle'$"):
+    with pytest.raises(ValueError, match=r"^continuous targets run method=ar or method=cspd or method=disa, not 'eagle'$"):
         ContinuousMethod(name="eagle")

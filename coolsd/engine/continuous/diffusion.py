@@ -77,10 +77,24 @@ class Schedule:
         check_sampler(self.sampler, self.eta)
 
     @classmethod
-    def respaced(cls, K: int, T: int = 1000, sampler: str = "ddpm", eta: float = 0.0) -> "Schedule":
+    def respaced(cls, K: int, T: int = 1000, sampler: str = "ddpm", eta: float = 0.0,
+                 clip_timestep: int | None = None) -> "Schedule":
+        """K evenly spaced original timesteps as MAR's ``space_timesteps(T, str(K))`` takes them: a
+        float index advanced by (T - 1) / (K - 1) K times, each rounded half to even (Python's
+        ``round``). The accumulated float decides ties: for odd K the middle index is 499.5 give or
+        take an ulp, so K = 21, 23, 27, ... take 499 where an exact linspace rounds to 500 (the
+        DiSA fixture showed it; K = 100, 20 and every even K agree with linspace). ``clip_timestep``:
+        each clipped at that value and duplicates merged (DiSA's respacing,
+        ``coolsd.engine.continuous.annealing``: the chain starts there and may run fewer than K steps)."""
         check_sampler(sampler, eta)
         ab = cosine_alphas_bar(T)
-        keep = torch.linspace(0, T - 1, K).round().long()  # evenly spaced original timesteps
+        stride, cur, taken = (T - 1) / (K - 1), 0.0, []
+        for _ in range(K):
+            taken.append(round(cur))
+            cur += stride
+        keep = torch.tensor(taken, dtype=torch.long)
+        if clip_timestep is not None:
+            keep = torch.unique(keep.clamp(max=clip_timestep))  # sorted
         return cls(ab[keep], keep, sampler, float(eta))
 
     @property

@@ -52,6 +52,7 @@ import numpy as np
 import torch
 
 from coolsd.engine.continuous.cspd import verify_exact, verify_paper
+from coolsd.engine.continuous.annealing import CLIP_TIMESTEP, annealed_steps, check_annealing
 from coolsd.engine.continuous.diffusion import HeadSample, Schedule, aligned_sample, check_sampler
 from coolsd.engine.continuous.flow import (DEFAULT_FINAL_STD, FlowConfig, cfg_schedule, guide, schedule_log_var_sum,
                                            time_grid, transition)
@@ -76,6 +77,11 @@ class HeadConfig:
     sampler: str = "ddpm"  # the head's chain: ddpm (MAR's) or ddim (coolsd.engine.continuous.diffusion)
     eta: float = 0.0  # DDIM's noise scale in [0, 1] (0: deterministic steps k >= 1); ddpm: 0
     num_iter: int | None = None  # AR steps: None = one token a step; n = MaskGIT-cosine steps (``maskgit_steps``)
+    # DiSA (coolsd.engine.continuous.annealing): head steps annealed from ``steps`` (the first AR
+    # iteration) to ``lower_steps`` (the last) by ``anneal`` (linear, cosine, constant, two-stage);
+    # None: every token runs ``steps``
+    anneal: str | None = None
+    lower_steps: int | None = None
 
     def __post_init__(self):
         for name, value, valid in (("order", self.order, ORDERS), ("cfg_schedule", self.cfg_schedule, CFG_SCHEDULES)):
@@ -89,29 +95,43 @@ class HeadConfig:
         if self.num_iter is not None and (isinstance(self.num_iter, bool) or int(self.num_iter) != self.num_iter
                                           or self.num_iter < 1):
             raise ValueError(f"num_iter (AR steps) must be an integer >= 1 or null (one token a step), got {self.num_iter!r}")
+        if self.anneal is not None:
+            check_annealing(self.anneal, self.steps, self.lower_steps)
+            if self.sampler != "ddpm":  # DiSA's sampler is MAR's DDPM chain (its DDIM clips elsewhere)
+                raise ValueError(f"DiSA's annealing runs the ddpm head sampler, not {self.sampler!r}")
+        elif self.lower_steps is not None:
+            raise ValueError(f"lower_steps={self.lower_steps!r} is DiSA's last-iteration head steps: it needs an "
+                             "annealing strategy (anneal)")
 
 
 def maskgit_steps(L: int, num_iter: int | None) -> tuple[list[int], list[int]]:
+    """``maskgit_iterations`` less the iterations: (bounds, known)."""
+    return maskgit_iterations(L, num_iter)[:2]
+
+
+def maskgit_iterations(L: int, num_iter: int | None) -> tuple[list[int], list[int], list[int]]:
     """(bounds, known): step s generates the tokens bounds[s] .. bounds[s + 1] - 1 of the order, and its
     ``linear`` CFG scale is 1 + (w - 1) known[s] / L. ``num_iter`` None: one token a step, known[s] = s + 1
     (MAR's ``num_iter = L`` as this loop has always run it). Otherwise upstream's MaskGIT cosine schedule
     (MAR ``sample_tokens``, Harmon ``Harmon.sample``, harmon_upstream.md 2.1): after step s,
     mask_len = max(1, min(masked - 1, floor(L cos(pi/2 (s + 1) / num_iter)))) tokens stay masked, the
     last step takes all that remain, and known[s] = L - mask_len (the clamped value, before the last
-    step's override, as upstream). Steps that would reveal no token are dropped (no work, no draw)."""
+    step's override, as upstream). Steps that would reveal no token are dropped (no work, no draw);
+    ``iters[s]``: the upstream iteration index of step s (what DiSA's annealing reads)."""
     if num_iter is None:
-        return list(range(L + 1)), list(range(1, L + 1))
-    bounds, known, masked = [0], [], L
+        return list(range(L + 1)), list(range(1, L + 1)), list(range(L))
+    bounds, known, iters, masked = [0], [], [], L
     for step in range(num_iter):
         mask_len = max(1, min(masked - 1, math.floor(L * np.cos(math.pi / 2.0 * (step + 1) / num_iter))))
         nxt = 0 if step >= num_iter - 1 else mask_len
         if nxt < masked:  # nxt <= masked always; equal: the step reveals nothing
             bounds.append(L - nxt)
             known.append(L - mask_len)
+            iters.append(step)
         masked = nxt
         if masked == 0:
             break
-    return bounds, known
+    return bounds, known, iters
 
 
 def _seed(*key) -> int:
@@ -155,10 +175,17 @@ class DiffusionFamily:
 
     def __init__(self, model, hc: HeadConfig):
         self.hc, self.L, self.C = hc, model.config.seq_len, model.config.token_dim
-        self.sched = Schedule.respaced(hc.steps, sampler=hc.sampler, eta=hc.eta)
-        self.chain_steps = self.sched.K
-        self.bounds, known = maskgit_steps(self.L, hc.num_iter)
+        self.bounds, known, iters = maskgit_iterations(self.L, hc.num_iter)
         self.n_steps = len(self.bounds) - 1
+        if hc.anneal is None:
+            self.sched = Schedule.respaced(hc.steps, sampler=hc.sampler, eta=hc.eta)
+            self.step_scheds = None
+        else:  # DiSA: each step's schedule from its upstream iteration (num_iter, or one token a step: L)
+            nominal = annealed_steps(hc.anneal, hc.steps, hc.lower_steps, hc.num_iter or self.L)
+            scheds = {k: Schedule.respaced(k, clip_timestep=CLIP_TIMESTEP) for k in set(nominal)}
+            self.step_scheds = [scheds[nominal[i]] for i in iters]
+            self.sched = self.step_scheds[0]
+        self.chain_steps = self.sched.K  # steps of the chain (the first step's, where they vary)
         self.known_after = torch.tensor(known, dtype=torch.float64, device=next(model.parameters()).device)
 
     def positions(self, seed: int) -> torch.Tensor:
@@ -194,9 +221,28 @@ class DiffusionFamily:
         e = entry[owner]
         zr, zur = z[e, pos], None if zu is None else zu[e, pos]
         cfg = self.scale(steps[owner]).to(device=run.device, dtype=run.dtype)
-        h = aligned_sample(model.head, zr, noise, eps, self.sched, z_u=zur, cfg=cfg, tau=self.hc.temperature,
-                           final_noise=run.final_noise, clip_x0=self.hc.clip_x0, final_std=run.final_std)
-        return _f64(h)
+        if self.step_scheds is None:
+            h = aligned_sample(model.head, zr, noise, eps, self.sched, z_u=zur, cfg=cfg, tau=self.hc.temperature,
+                               final_noise=run.final_noise, clip_x0=self.hc.clip_x0, final_std=run.final_std)
+            return _f64(h)
+        # DiSA: the tokens of each chain length together (every token of a step runs its step's chain)
+        token_steps = steps[owner].tolist()
+        parts, where = [], []
+        for sched in dict.fromkeys(self.step_scheds[s] for s in token_steps):
+            idx = [i for i, s in enumerate(token_steps) if self.step_scheds[s] is sched]
+            i = torch.tensor(idx, device=run.device)
+            e_i = eps[:, i] if isinstance(eps, torch.Tensor) else torch.stack([eps[j] for j in idx], 1)
+            parts.append(_f64(aligned_sample(
+                model.head, zr[i], noise[i], e_i, sched, z_u=None if zur is None else zur[i], cfg=cfg[i],
+                tau=self.hc.temperature, final_noise=run.final_noise, clip_x0=self.hc.clip_x0,
+                final_std=run.final_std)))
+            where.append(i)
+        order = torch.argsort(torch.cat(where))
+        return HeadSample(*(torch.cat([getattr(p, f) for p in parts])[order] for f in ("x0", "mu0", "log_std0", "s")))
+
+    def chain_len(self, step: int) -> int:
+        """Steps of the chain that step ``step``'s tokens run (their noise is drawn for that many)."""
+        return self.chain_steps if self.step_scheds is None else self.step_scheds[step].K
 
 
 class FlowFamily:
@@ -355,10 +401,15 @@ class _Run:
         return owner, self.order[rows[owner], self.bounds[steps][owner] + within], within
 
     def noise(self, rows, pos):
-        """(x^(K) (n, C), eps (K, n, C)) of the positions ``pos`` of samples ``rows`` (``position_noise``)."""
-        noise, eps = zip(*(position_noise(self.seeds[int(b)], int(j), self.fam.chain_steps, self.C, self.dtype,
-                                          self.device) for b, j in zip(rows.tolist(), pos.tolist())))
-        return torch.stack(noise), torch.stack(eps, 1)
+        """(x^(K) (n, C), eps (K, n, C)) of the positions ``pos`` of samples ``rows`` (``position_noise``);
+        where the chain length varies by step (DiSA: ``chain_len``), eps is a list of each position's
+        (K_j, C) draws."""
+        fam = self.fam
+        lens = ([fam.chain_steps] * len(pos) if getattr(fam, "step_scheds", None) is None else
+                [fam.chain_len(s) for s in self.rank[rows, pos].tolist()])
+        noise, eps = zip(*(position_noise(self.seeds[int(b)], int(j), k, self.C, self.dtype, self.device)
+                           for b, j, k in zip(rows.tolist(), pos.tolist(), lens)))
+        return torch.stack(noise), (torch.stack(eps, 1) if len(set(lens)) <= 1 else list(eps))
 
     def prepare(self, model, rows, tokens, known):
         return self.fam.prepare(self, model, rows, tokens, known)

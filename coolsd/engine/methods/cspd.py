@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from coolsd.engine.continuous.annealing import STRATEGIES
 from coolsd.engine.continuous.diffusion import SAMPLERS, check_sampler
 from coolsd.engine.continuous.generate import MODES, VERIFY, HeadConfig, ar_generate, check_settings, cspd_generate
 from coolsd.engine.methods.registry import Param, method_names, register_method
@@ -20,13 +21,30 @@ HEAD_PARAMS = {
                  doc="DDIM's noise scale, 0 = deterministic steps (null: the target's head.eta)"),
     "head_steps": Param(None, int, low=2, nullable=True, families=("continuous",),
                         doc="respaced diffusion steps of the head (null: the target's head.steps; the paper's DDIM "
-                            "runs: 100)"),
+                            "runs: 100); with anneal, the first AR iteration's"),
+    "anneal": Param(None, str, choices=STRATEGIES, nullable=True, families=("continuous",),
+                    doc="DiSA: the head's steps annealed from head_steps (first AR iteration) to lower_steps (last) "
+                        "(docs/methods.md#52-disa; null: every token runs head_steps)"),
+    "lower_steps": Param(None, int, low=2, nullable=True, families=("continuous",),
+                         doc="DiSA's head steps of the last AR iteration (with anneal)"),
 }
 
 
 def check_head_params(p: dict) -> None:
-    """sampler and eta together (``check_sampler``): eta != 0 needs ddim, or the target's sampler (null)."""
-    check_sampler("ddim" if p["sampler"] is None else p["sampler"], 0.0 if p["eta"] is None else p["eta"])
+    """sampler and eta together (``check_sampler``): eta != 0 needs ddim, or the target's sampler (null);
+    DiSA's annealing (``anneal``) with its ``lower_steps``, on the ddpm head sampler, and neither
+    without the other."""
+    sampler, eta = p.get("sampler"), p.get("eta")
+    check_sampler("ddim" if sampler is None else sampler, 0.0 if eta is None else eta)
+    anneal, lower = p.get("anneal"), p.get("lower_steps")
+    if (anneal is None) != (lower is None):
+        raise ValueError("anneal and lower_steps go together (DiSA: the head's steps annealed from head_steps to "
+                         f"lower_steps), got anneal={anneal!r}, lower_steps={lower!r}")
+    if anneal is not None and sampler == "ddim":
+        raise ValueError("DiSA's annealing runs the ddpm head sampler: set sampler=ddpm or null")
+    if anneal is not None and p.get("head_steps") is not None and lower > p["head_steps"]:
+        raise ValueError(f"DiSA anneals from head_steps to lower_steps: lower_steps={lower} > head_steps="
+                         f"{p['head_steps']}")
 
 
 def refuse_flow_head_params(params: dict) -> None:
@@ -54,6 +72,8 @@ class ContinuousMethod:
     sampler: str | None = None
     eta: float | None = None
     head_steps: int | None = None
+    anneal: str | None = None
+    lower_steps: int | None = None
     family = "continuous"
 
     def __post_init__(self):
@@ -62,7 +82,8 @@ class ContinuousMethod:
                              f"not {self.name!r}")
         check_settings(self.gamma, self.mode, self.verify, self.prefill, self.max_rounds, self.final_std,
                        self.inner_temperature)
-        check_head_params({"sampler": self.sampler, "eta": self.eta})  # with the target's sampler: at generate
+        check_head_params({"sampler": self.sampler, "eta": self.eta, "anneal": self.anneal,  # the target's: at generate
+                           "lower_steps": self.lower_steps, "head_steps": self.head_steps})
         if self.head_steps is not None and (isinstance(self.head_steps, bool) or int(self.head_steps) != self.head_steps
                                             or self.head_steps < 2):
             raise ValueError(f"head_steps (diffusion steps of the head) must be an integer >= 2, got {self.head_steps!r}")
@@ -78,22 +99,25 @@ class ContinuousMethod:
         """Record parameters (``method`` first, as the discrete methods'); AR names only how it
         samples: the exact mode's baseline has a stochastic final step. The head overrides appear
         when set (records of runs before them are unchanged)."""
-        if self.name == "ar":
-            return {"method": "ar", **({"final_noise": True} if self.final_noise else {}),
+        if self.name in ("ar", "disa"):  # the target alone: how it samples
+            return {"method": self.name, **({"final_noise": True} if self.final_noise else {}),
                     **({"final_std": self.final_std} if self.final_std is not None else {}), **self._head_record()}
         d = {k: v for k, v in dataclasses.asdict(self).items() if k not in HEAD_PARAMS}
         return {"method": d.pop("name"), **d, **self._head_record()}
 
     def baseline(self) -> "ContinuousMethod":
         """The target alone, sampled as this method samples (the exact mode's final-step noise, the
-        head overrides)."""
+        head overrides); DiSA's: the target's own head steps, without the annealing it measures."""
+        if self.name == "disa":
+            return dataclasses.replace(self, name="ar", head_steps=None, anneal=None, lower_steps=None)
         return dataclasses.replace(self, name="ar")
 
     def head_config(self, head):
         """The sampling settings this method runs: the target's ``head`` with the overrides in place
         (validated by ``HeadConfig``); ``sampler=ddpm`` without ``eta`` sets eta = 0. A flow target's
         ``FlowConfig`` with any override is refused."""
-        over = {"sampler": self.sampler, "eta": self.eta, "steps": self.head_steps}
+        over = {"sampler": self.sampler, "eta": self.eta, "steps": self.head_steps, "anneal": self.anneal,
+                "lower_steps": self.lower_steps}
         over = {k: v for k, v in over.items() if v is not None}
         if not over:
             return head
@@ -106,7 +130,7 @@ class ContinuousMethod:
     def generate(self, target, draft, labels, seeds, head):
         """One batch through the continuous loop: the target alone (``ar``) or CSpD."""
         head = self.head_config(head)
-        if self.name == "ar":
+        if self.name in ("ar", "disa"):
             return ar_generate(target, labels, seeds, head, final_noise=self.final_noise, final_std=self.final_std)
         return cspd_generate(target, draft, labels, seeds, head, gamma=self.gamma, mode=self.mode, verify=self.verify,
                              prefill=self.prefill, max_rounds=self.max_rounds, final_std=self.final_std,
@@ -135,7 +159,22 @@ class ContinuousMethod:
                                    "code's 42 is lossy, continuous_sd.md 2.7 b)"),
     **HEAD_PARAMS,
 })
-def cspd(ctx, gamma, mode, verify, prefill, max_rounds, final_std, inner_temperature, sampler, eta, head_steps):
+def cspd(ctx, gamma, mode, verify, prefill, max_rounds, final_std, inner_temperature, sampler, eta, head_steps, anneal,
+         lower_steps):
     """Continuous speculative decoding: a draft diffusion-head or flow model's tokens verified by the target's."""
     return ContinuousMethod("cspd", gamma, mode, verify, prefill, max_rounds, final_std, inner_temperature, sampler,
-                            eta, head_steps)
+                            eta, head_steps, anneal, lower_steps)
+
+
+# DiSA alone: the target with its head's steps annealed (MAR's recipe: 50 -> 5, linear, with num_iter 64);
+# lossy (fewer head steps than the target's own), its baseline the target's own steps
+@register_method("disa", families=("continuous",), lossless=False, drafter="none", checks=(check_head_params,),
+                 params={
+    "head_steps": Param(50, int, low=2, doc="the head's steps at the first AR iteration (DiSA's diff_upper_steps)"),
+    "lower_steps": Param(5, int, low=2, doc="the head's steps at the last AR iteration (diff_lower_steps)"),
+    "anneal": Param("linear", str, choices=STRATEGIES, doc="how the steps fall over the AR iterations "
+                                                          "(diff_annealing_strategy; docs/methods.md#52-disa)"),
+})
+def disa(ctx, head_steps, lower_steps, anneal):
+    """DiSA: the target alone with its diffusion head's steps annealed over the AR iterations (training-free)."""
+    return ContinuousMethod("disa", head_steps=head_steps, anneal=anneal, lower_steps=lower_steps)
