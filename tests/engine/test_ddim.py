@@ -325,7 +325,7 @@ def test_the_config_check_refuses_before_any_model_loads(compose):
 
     for overrides, message in (
             (("target=xar_h", "method=cspd", "method.sampler=ddim"), "method.sampler=ddim: a flow target"),
-            (("target=xar_h", "method=ar", "method.head_steps=10"), "method.head_steps=10: a flow target"),
+            (("target=xar_h", "method=ar", "method.eta=0.5"), "method.eta=0.5: a flow target"),
             (("target=toy", "method=ar", "method.sampler=ddim"),
              "method.sampler='ddim' is invalid: it applies to continuous targets only"),
             (("target=toy_continuous", "method=cspd", "method.sampler=ddpm", "method.eta=0.5"), "it needs sampler=ddim"),

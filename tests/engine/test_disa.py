@@ -74,11 +74,11 @@ def test_bad_annealing_settings_are_one_line_errors():
     assert set(STRATEGIES) == {"linear", "cosine", "constant", "two-stage"}
 
 
-@pytest.mark.parametrize("target", ["toy_continuous", "mar_h", "harmon_1_5b"])
+@pytest.mark.parametrize("target", ["toy_continuous", "mar_h", "harmon_1_5b", "xar_h"])
 def test_disa_alone_and_with_cspd_run_through_run_py(target, compose, world_overrides, tmp_path):
     """``method=disa`` (its baseline: the target's own head steps) and ``method=cspd`` with DiSA's
-    annealing (draft, target and the target-alone baseline annealed alike) on the tiny files; a flow
-    target (xAR) has no diffusion head to anneal and is refused in one line."""
+    annealing (draft, target and the target-alone baseline annealed alike) on the tiny files of the
+    diffusion-head targets and of xAR (its SDE steps annealed by cell)."""
     import json
 
     from coolsd.cli.runner import run
@@ -99,13 +99,34 @@ def test_disa_alone_and_with_cspd_run_through_run_py(target, compose, world_over
     assert {r["params"].get("anneal") for r in base if r["method"] == "ar"} == {"linear"}  # annealed alike
 
 
-def test_a_flow_target_refuses_disa_in_one_line(compose, world_overrides, tmp_path):
-    from coolsd.cli.runner import run
-    from coolsd.util.errors import ConfigError
+def test_a_flow_target_anneals_linearly_by_cell():
+    """xAR_DiSA: num_steps = int((u - c) / u * (upper - lower) + lower) for cell c of u + 1 (its only
+    strategy, linear): 50 -> 15 over xAR's 4 cells is [50, 38, 26, 15]; another strategy is refused."""
+    from coolsd.engine.continuous.flow import FlowConfig
 
-    with pytest.raises((ConfigError, ValueError), match=r"method\.head_steps=6.*a flow target .* has no diffusion head"):
-        run(compose(*world_overrides("xar_h"), "method=disa", "method.head_steps=6", "method.lower_steps=2",
-                    "dataset.n_prompts=1", f"+out_dir={tmp_path / 'x'}"))
+    assert annealed_steps("linear", 50, 15, 4) == [50, 38, 26, 15]
+    with pytest.raises(ValueError, match="DiSA anneals a flow model's steps linearly only \\(as upstream\\), not 'cosine'"):
+        FlowConfig(num_steps=50, anneal="cosine", lower_steps=15)
+    with pytest.raises(ValueError, match="lower_steps=15 is DiSA's last-cell SDE steps: it needs anneal=linear"):
+        FlowConfig(num_steps=50, lower_steps=15)
+
+
+def test_cspd_on_xar_with_an_identical_annealed_draft_reproduces_disa_alone(world_overrides, compose):
+    """xAR's chains annealed by cell: a verification query spanning cells groups its units by chain
+    length; an identical draft accepts everything and reproduces the annealed target alone."""
+    from coolsd.engine.continuous.flow import FlowConfig
+    from coolsd.worlds import load_world
+
+    world = load_world(compose(*world_overrides("xar_h"), "method=ar", "dataset.n_prompts=1"))
+    t = world.target
+    fc = FlowConfig(num_steps=6, cfg=2.0, unit=4, anneal="linear", lower_steps=2)
+    labels = torch.tensor([1, 2])
+    with batch_invariant():
+        alone = ar_generate(t, labels, [0, 1], fc, final_noise=True, final_std=0.05)
+        sp = cspd_generate(t, t, labels, [0, 1], fc, gamma=3, mode="exact", verify="prefix", prefill=0.1, final_std=0.05)
+    assert torch.equal(sp.tokens, alone.tokens) and all(sp.acceptance_rate(b) == 1.0 for b in range(2))
+    fixed = ar_generate(t, labels, [0, 1], FlowConfig(num_steps=6, cfg=2.0, unit=4), final_noise=True, final_std=0.05)
+    assert not torch.equal(fixed.tokens, alone.tokens)
 
 
 # ---- parity with the upstream code (tests/fixtures/upstream/disa.safetensors) -------------------

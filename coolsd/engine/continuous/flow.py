@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from coolsd.engine.continuous.annealing import check_annealing
+
 T_LAST = 0.04  # the SDE runs from t = 1 to 0.04, then one deterministic step to 0 (sampler.py:116-117)
 DEFAULT_FINAL_STD = math.sqrt(2 * T_LAST * T_LAST)  # 0.0566: sqrt(2 t |dt|) at t = |dt| = 0.04
 
@@ -79,10 +81,20 @@ class FlowConfig:
     num_steps: int = 50
     cfg: float = 1.0
     unit: int | None = None
+    # DiSA on xAR (coolsd.engine.continuous.annealing): the SDE steps of cell c annealed linearly from
+    # ``num_steps`` (the first cell) to ``lower_steps`` (the last), xAR_DiSA's only strategy; None: fixed
+    anneal: str | None = None
+    lower_steps: int | None = None
 
     def __post_init__(self):
         if isinstance(self.num_steps, bool) or int(self.num_steps) != self.num_steps or self.num_steps < 2:
             raise ValueError(f"num_steps (SDE steps per unit) must be an integer >= 2, got {self.num_steps!r}")
+        if self.anneal is not None:
+            if self.anneal != "linear":  # xAR_DiSA/models/xar.py: "We only implement linear transition here"
+                raise ValueError(f"DiSA anneals a flow model's steps linearly only (as upstream), not {self.anneal!r}")
+            check_annealing(self.anneal, self.num_steps, self.lower_steps)
+        elif self.lower_steps is not None:
+            raise ValueError(f"lower_steps={self.lower_steps!r} is DiSA's last-cell SDE steps: it needs anneal=linear")
         if not self.cfg >= 1.0:
             raise ValueError(f"cfg must be >= 1 (1 = no guidance), got {self.cfg}")
         if self.unit is not None and (isinstance(self.unit, bool) or int(self.unit) != self.unit or self.unit < 1):

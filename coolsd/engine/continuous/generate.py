@@ -268,6 +268,13 @@ class FlowFamily:
         self.final_std = DEFAULT_FINAL_STD if final_std is None else float(final_std)
         self.S = schedule_log_var_sum(fc.num_steps, self.C)
         self.geometry = (c.seq_len, c.token_dim, c.grid, c.cell)
+        # DiSA: cell c's SDE steps (xAR_DiSA anneals by cell, its AR iteration; every unit of a cell alike)
+        self.cell_steps = (None if fc.anneal is None else
+                           annealed_steps(fc.anneal, fc.num_steps, fc.lower_steps, self.n_cells))
+
+    def chain_len(self, step: int) -> int:
+        """SDE steps of step ``step``'s chain: its cell's (DiSA), else ``num_steps``."""
+        return self.chain_steps if self.cell_steps is None else self.cell_steps[step * self.unit // self.cell_len]
 
     def positions(self, seed: int) -> torch.Tensor:
         return self.order
@@ -296,7 +303,22 @@ class FlowFamily:
         """The aligned chains of query steps: query q is step ``steps[q]`` of sample ``rows[q]`` seeing
         the known steps of ctx entry ``entry[q]``; the queries of one sample run together (each sees
         its own step's tokens and the keys of its entry's known steps). Returns (Q * unit) token rows,
-        query-major. The chain runs in float64 (upstream's state dtype), the model in its own."""
+        query-major. The chain runs in float64 (upstream's state dtype), the model in its own. Under
+        DiSA the queries of each chain length run together."""
+        if self.cell_steps is None:
+            return self._sample(run, model, ctx, entry, rows, steps, self.chain_steps, self.grid, self.S)
+        lens = [self.chain_len(s) for s in steps.tolist()]
+        parts, where = [], []
+        for K in dict.fromkeys(lens):
+            q = torch.tensor([i for i, k in enumerate(lens) if k == K], device=run.device)
+            parts.append(self._sample(run, model, ctx, entry[q], rows[q], steps[q], K, time_grid(K),
+                                      schedule_log_var_sum(K, self.C)))
+            where.append((q[:, None] * self.unit + torch.arange(self.unit, device=run.device)).reshape(-1))
+        order = torch.argsort(torch.cat(where))
+        return HeadSample(*(torch.cat([getattr(p, f) for p in parts])[order] for f in ("x0", "mu0", "log_std0", "s")))
+
+    def _sample(self, run: _Run, model, ctx, entry, rows, steps, K: int, grid, S: float) -> HeadSample:
+        """``sample`` for queries whose chains all run K steps on ``grid`` (schedule constant ``S``)."""
         u, L, C, dev = self.unit, self.L, self.C, run.device
         Q = len(entry)
         g = ctx["inv"][entry]  # context row of each query
@@ -332,9 +354,8 @@ class FlowFamily:
         labels = ctx["labels"][ctx_rows]
         dup = (lambda z: torch.cat([z, z])) if halves else (lambda z: z)
         x = noise
-        K = self.chain_steps
         for i in range(K):
-            t, dt = float(self.grid[i]), float(self.grid[i + 1] - self.grid[i])
+            t, dt = float(grid[i]), float(grid[i + 1] - grid[i])
             xb = torch.zeros(R, T, C, dtype=run.dtype, device=dev)
             xb[qr[:, None], tok] = x.to(run.dtype)
             v = model.velocity_at(kv, dup(xb), dup(pos), t, labels, dup(visible)).double()
@@ -346,7 +367,7 @@ class FlowFamily:
         mu0 = x.reshape(Q * u, C)
         s0 = torch.full_like(mu0, math.log(self.final_std))
         x0 = mu0 + self.final_std * eps[0].reshape(Q * u, C) if run.final_noise else mu0
-        return HeadSample(x0.to(run.dtype), mu0, s0, torch.full((Q * u,), self.S, dtype=torch.float64, device=dev))
+        return HeadSample(x0.to(run.dtype), mu0, s0, torch.full((Q * u,), S, dtype=torch.float64, device=dev))
 
 
 def family_for(model, settings, final_std=None):
@@ -405,8 +426,9 @@ class _Run:
         where the chain length varies by step (DiSA: ``chain_len``), eps is a list of each position's
         (K_j, C) draws."""
         fam = self.fam
-        lens = ([fam.chain_steps] * len(pos) if getattr(fam, "step_scheds", None) is None else
-                [fam.chain_len(s) for s in self.rank[rows, pos].tolist()])
+        annealed = getattr(fam, "step_scheds", None) is not None or getattr(fam, "cell_steps", None) is not None
+        lens = ([fam.chain_len(s) for s in self.rank[rows, pos].tolist()] if annealed else
+                [fam.chain_steps] * len(pos))
         noise, eps = zip(*(position_noise(self.seeds[int(b)], int(j), k, self.C, self.dtype, self.device)
                            for b, j, k in zip(rows.tolist(), pos.tolist(), lens)))
         return torch.stack(noise), (torch.stack(eps, 1) if len(set(lens)) <= 1 else list(eps))

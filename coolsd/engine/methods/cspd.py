@@ -47,13 +47,18 @@ def check_head_params(p: dict) -> None:
                          f"{p['head_steps']}")
 
 
+# the head settings a flow target (FlowConfig) takes: its SDE steps per unit and DiSA's annealing of them
+FLOW_KEYS = {"head_steps": "num_steps", "anneal": "anneal", "lower_steps": "lower_steps"}
+
+
 def refuse_flow_head_params(params: dict) -> None:
-    """A flow target (``FlowConfig``: xAR's Euler-Maruyama sampler) has no diffusion head to override."""
-    given = [f"method.{k}={params[k]}" for k in HEAD_PARAMS if params.get(k) is not None]
+    """A flow target (``FlowConfig``: xAR's Euler-Maruyama sampler) has no diffusion head: no ddpm/ddim
+    sampler and no eta (its steps, ``head_steps``, and DiSA's annealing of them apply)."""
+    given = [f"method.{k}={params[k]}" for k in HEAD_PARAMS if k not in FLOW_KEYS and params.get(k) is not None]
     if given:
         raise ValueError(f"{', '.join(given)}: a flow target (FlowConfig, xAR's Euler-Maruyama sampler) has no "
-                         f"diffusion head, so no ddpm/ddim sampler, eta or head steps; leave them null "
-                         f"(its steps: target.flow.num_steps)")
+                         f"diffusion head, so no ddpm/ddim sampler or eta; leave them null (its steps: "
+                         f"method.head_steps or target.flow.num_steps)")
 
 
 @dataclass(frozen=True)
@@ -121,8 +126,9 @@ class ContinuousMethod:
         over = {k: v for k, v in over.items() if v is not None}
         if not over:
             return head
-        if not isinstance(head, HeadConfig):
+        if not isinstance(head, HeadConfig):  # a flow model: its SDE steps and their annealing (DiSA)
             refuse_flow_head_params(self._head_record())
+            return dataclasses.replace(head, **{FLOW_KEYS[k]: v for k, v in self._head_record().items()})
         if self.sampler == "ddpm" and self.eta is None:
             over["eta"] = 0.0
         return dataclasses.replace(head, **over)
