@@ -153,8 +153,7 @@ def build_scorers(metrics, *, device=None, cache_dir=Path("outputs/cache"), fid_
     values = dict(inputs)
     for name in metrics:
         for spec in protocol_inputs(proto, metric(name)):
-            if values.get(spec.dest) is None and spec.default is not None:
-                values[spec.dest] = spec.default()
+            values[spec.dest] = spec.resolve(values.get(spec.dest))
     ctx = EvalContext(proto, values, device, Path(cache_dir), fid_resamples)
     return {name: metric(name).build(ctx) for name in metrics}
 
@@ -177,10 +176,11 @@ def _spec(protocol: str, flag: str):
 def input_flags() -> dict[str, tuple[str, list[str]]]:
     """flag -> (help, the metrics that read it) over every registered metric and protocol, in order."""
     out: dict[str, tuple[str, list[str]]] = {}
+    specs = every_input_spec()
     for name in evaluate_metrics():
         for i in metric(name).inputs:
             flag = i.flag if isinstance(i, InputSpec) else i
-            spec = i if isinstance(i, InputSpec) else every_input_spec()[flag][0]
+            spec = i if isinstance(i, InputSpec) else specs[flag][0]
             out.setdefault(flag, (spec.help, []))[1].append(name)
     out[PARTI.flag] = (PARTI.help, [n for n in evaluate_metrics() if "parti" in metric(n).prompt_sets])
     return out
@@ -214,9 +214,7 @@ def input_needs(a, wanted) -> list:
         if spec.flag in seen:
             continue
         seen.add(spec.flag)
-        value = getattr(a, spec.dest, None)
-        if value is None and spec.default is not None:
-            value = spec.default()
+        value = spec.resolve(getattr(a, spec.dest, None))
         if value is None and spec.optional:  # its documented default (this interpreter, a COCO run)
             continue
         if spec.folder and value is not None and not hub.is_hub(value):
@@ -300,7 +298,7 @@ def main(argv=None) -> dict:
     scorers = build_scorers(wanted, device=a.device, cache_dir=a.cache_dir, fid_resamples=a.fid_resamples,
                             protocol=a.protocol, **inputs)
     result = evaluate_run(a.run, scorers, protocol=a.protocol, parti_tsv=a.parti_tsv)
-    named = {d: (str(v) if v is not None else f"default: {specs[d].default()}" if specs[d].default else None)
+    named = {d: (str(v) if v is not None else None if specs[d].default is None else f"default: {specs[d].resolve(v)}")
              for d, v in inputs.items()}
     result["protocol"] = {"name": a.protocol, "metrics": wanted, **named,
                           "prompts": "PartiPrompts " + str(a.parti_tsv) if a.parti_tsv else "COCO 2017 val",

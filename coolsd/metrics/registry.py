@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -63,6 +63,10 @@ class InputSpec:
     def dest(self) -> str:
         """The argparse destination of ``flag``."""
         return self.flag.lstrip("-").replace("-", "_")
+
+    def resolve(self, value):
+        """``value``, or where it is None the ``default`` (None where there is none)."""
+        return value if value is not None or self.default is None else self.default()
 
 
 @dataclass
@@ -201,21 +205,9 @@ def lower_is_better(name: str) -> Optional[bool]:
     return None if m is None else not m.higher_is_better
 
 
-def protocol(name: str) -> Protocol:
-    """The registered protocol ``name`` (a ValueError naming the closest one if unknown)."""
-    return PROTOCOLS.get(name)
-
-
 def evaluate_metrics() -> list[str]:
     """The metrics ``python -m coolsd.cli.evaluate`` computes from a run's images."""
     return METRICS.names(computed_by="evaluate")
-
-
-def ordered(names, computed_by: Union[str, tuple, None] = None) -> list[str]:
-    """Registered metrics among ``names`` (every one where None), in ``names``' order, optionally
-    only those ``computed_by`` one of these."""
-    allowed = (computed_by,) if isinstance(computed_by, str) else computed_by
-    return [n for n in names if n in METRICS and (allowed is None or METRICS.get(n).computed_by in allowed)]
 
 
 def analogues(computed_by: str = "world") -> dict[str, str]:

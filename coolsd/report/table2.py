@@ -89,9 +89,7 @@ def metric_inputs(a, names=QUALITY_COLUMNS) -> dict:
     out = {}
     for name in real_metric_names(a, names):
         for spec in protocol_inputs(proto, metric(name)):
-            value = getattr(a, spec.dest, None)
-            if value is None and spec.default is not None:
-                value = spec.default()
+            value = spec.resolve(getattr(a, spec.dest, None))
             if value is None and spec.optional:
                 continue
             out[spec.name] = (value, f"{spec.source}" + (f" [${spec.env}]" if spec.env else ""))

@@ -217,32 +217,20 @@ class DiffusionFamily:
         in float64, on the device."""
         z, zu = ctx
         owner, pos, _ = run.tokens_of(rows, steps)
-        noise, eps = run.noise(rows[owner], pos)
-        e = entry[owner]
+        b, e = rows[owner], entry[owner]
         zr, zur = z[e, pos], None if zu is None else zu[e, pos]
         cfg = self.scale(steps[owner]).to(device=run.device, dtype=run.dtype)
-        if self.step_scheds is None:
-            h = aligned_sample(model.head, zr, noise, eps, self.sched, z_u=zur, cfg=cfg, tau=self.hc.temperature,
-                               final_noise=run.final_noise, clip_x0=self.hc.clip_x0, final_std=run.final_std)
-            return _f64(h)
-        # DiSA: the tokens of each chain length together (every token of a step runs its step's chain)
-        token_steps = steps[owner].tolist()
-        parts, where = [], []
-        for sched in dict.fromkeys(self.step_scheds[s] for s in token_steps):
-            idx = [i for i, s in enumerate(token_steps) if self.step_scheds[s] is sched]
-            i = torch.tensor(idx, device=run.device)
-            e_i = eps[:, i] if isinstance(eps, torch.Tensor) else torch.stack([eps[j] for j in idx], 1)
-            parts.append(_f64(aligned_sample(
-                model.head, zr[i], noise[i], e_i, sched, z_u=None if zur is None else zur[i], cfg=cfg[i],
-                tau=self.hc.temperature, final_noise=run.final_noise, clip_x0=self.hc.clip_x0,
-                final_std=run.final_std)))
-            where.append(i)
-        order = torch.argsort(torch.cat(where))
-        return HeadSample(*(torch.cat([getattr(p, f) for p in parts])[order] for f in ("x0", "mu0", "log_std0", "s")))
 
-    def chain_len(self, step: int) -> int:
-        """Steps of the chain that step ``step``'s tokens run (their noise is drawn for that many)."""
-        return self.chain_steps if self.step_scheds is None else self.step_scheds[step].K
+        def chains(i, sched: Schedule) -> HeadSample:  # the token rows i, all on ``sched``
+            noise, eps = run.noise(b[i], pos[i], sched.K)
+            return _f64(aligned_sample(model.head, zr[i], noise, eps, sched, z_u=None if zur is None else zur[i],
+                                       cfg=cfg[i], tau=self.hc.temperature, final_noise=run.final_noise,
+                                       clip_x0=self.hc.clip_x0, final_std=run.final_std))
+
+        if self.step_scheds is None:
+            return chains(slice(None), self.sched)
+        # DiSA: every token of a step runs its step's chain; the tokens of one chain together
+        return by_key([self.step_scheds[s] for s in steps[owner].tolist()], 1, run.device, chains)
 
 
 class FlowFamily:
@@ -260,21 +248,19 @@ class FlowFamily:
         self.unit = fc.unit_for(c.cell_len)
         self.n_steps, self.n_cells = self.L // self.unit, c.n_cells
         self.bounds = list(range(0, self.L + 1, self.unit))
-        self.chain_steps, self.grid = fc.num_steps, time_grid(fc.num_steps)
+        self.chain_steps = fc.num_steps
         device = next(model.parameters()).device
         self.order = model.cell_positions().to(device)  # (L,) raster index of cell-order position i
         self.cell_weight = torch.tensor([cfg_schedule(fc.cfg, k, c.n_cells) for k in range(c.n_cells)],
                                         dtype=torch.float64, device=device)  # CFG weight of each cell
         self.final_std = DEFAULT_FINAL_STD if final_std is None else float(final_std)
-        self.S = schedule_log_var_sum(fc.num_steps, self.C)
         self.geometry = (c.seq_len, c.token_dim, c.grid, c.cell)
         # DiSA: cell c's SDE steps (xAR_DiSA anneals by cell, its AR iteration; every unit of a cell alike)
         self.cell_steps = (None if fc.anneal is None else
                            annealed_steps(fc.anneal, fc.num_steps, fc.lower_steps, self.n_cells))
-
-    def chain_len(self, step: int) -> int:
-        """SDE steps of step ``step``'s chain: its cell's (DiSA), else ``num_steps``."""
-        return self.chain_steps if self.cell_steps is None else self.cell_steps[step * self.unit // self.cell_len]
+        # every chain length's time grid and schedule constant S (log Sigma = 0: draft and target share it)
+        self.grids = {K: (time_grid(K), schedule_log_var_sum(K, self.C))
+                      for K in (self.cell_steps or [fc.num_steps])}
 
     def positions(self, seed: int) -> torch.Tensor:
         return self.order
@@ -305,20 +291,17 @@ class FlowFamily:
         its own step's tokens and the keys of its entry's known steps). Returns (Q * unit) token rows,
         query-major. The chain runs in float64 (upstream's state dtype), the model in its own. Under
         DiSA the queries of each chain length run together."""
-        if self.cell_steps is None:
-            return self._sample(run, model, ctx, entry, rows, steps, self.chain_steps, self.grid, self.S)
-        lens = [self.chain_len(s) for s in steps.tolist()]
-        parts, where = [], []
-        for K in dict.fromkeys(lens):
-            q = torch.tensor([i for i, k in enumerate(lens) if k == K], device=run.device)
-            parts.append(self._sample(run, model, ctx, entry[q], rows[q], steps[q], K, time_grid(K),
-                                      schedule_log_var_sum(K, self.C)))
-            where.append((q[:, None] * self.unit + torch.arange(self.unit, device=run.device)).reshape(-1))
-        order = torch.argsort(torch.cat(where))
-        return HeadSample(*(torch.cat([getattr(p, f) for p in parts])[order] for f in ("x0", "mu0", "log_std0", "s")))
+        def chains(q, K: int) -> HeadSample:
+            return self._sample(run, model, ctx, entry[q], rows[q], steps[q], K)
 
-    def _sample(self, run: _Run, model, ctx, entry, rows, steps, K: int, grid, S: float) -> HeadSample:
-        """``sample`` for queries whose chains all run K steps on ``grid`` (schedule constant ``S``)."""
+        if self.cell_steps is None:
+            return chains(slice(None), self.chain_steps)
+        return by_key([self.cell_steps[s * self.unit // self.cell_len] for s in steps.tolist()], self.unit, run.device,
+                      chains)
+
+    def _sample(self, run: _Run, model, ctx, entry, rows, steps, K: int) -> HeadSample:
+        """``sample`` for queries whose chains all run K steps (``grids[K]``: time grid, schedule constant)."""
+        grid, S = self.grids[K]
         u, L, C, dev = self.unit, self.L, self.C, run.device
         Q = len(entry)
         g = ctx["inv"][entry]  # context row of each query
@@ -334,7 +317,7 @@ class FlowFamily:
         tok = slot[:, None] * u + torch.arange(u, device=dev)  # (Q, u) column of each token in its row
         cell_pos = steps[:, None] * u + torch.arange(u, device=dev)  # (Q, u) cell-order positions
         img_pos = run.order[rows[:, None], cell_pos]  # (Q, u) raster positions
-        noise, eps = run.noise(rows.repeat_interleave(u), img_pos.reshape(-1))
+        noise, eps = run.noise(rows.repeat_interleave(u), img_pos.reshape(-1), K)
         noise = noise.double().view(Q, u, C)
         eps = eps.double().view(-1, Q, u, C)
         pos = torch.zeros(R, T, dtype=torch.long, device=dev)
@@ -368,6 +351,22 @@ class FlowFamily:
         s0 = torch.full_like(mu0, math.log(self.final_std))
         x0 = mu0 + self.final_std * eps[0].reshape(Q * u, C) if run.final_noise else mu0
         return HeadSample(x0.to(run.dtype), mu0, s0, torch.full((Q * u,), S, dtype=torch.float64, device=dev))
+
+
+def by_key(keys: list, width: int, device, run) -> HeadSample:
+    """DiSA's chains of several lengths in one call: ``run(q, key)`` for the queries q (an index
+    tensor) sharing each key, first seen first; each query's ``width`` token rows put back in query
+    order."""
+    groups: dict = {}  # key -> its queries (a dict: one hash lookup a query, identity first)
+    for i, k in enumerate(keys):
+        groups.setdefault(k, []).append(i)
+    parts, where = [], []
+    for key, idx in groups.items():
+        q = torch.tensor(idx, device=device)
+        parts.append(run(q, key))
+        where.append((q[:, None] * width + torch.arange(width, device=device)).reshape(-1))
+    order = torch.argsort(torch.cat(where))
+    return HeadSample(*(torch.cat([getattr(p, f) for p in parts])[order] for f in ("x0", "mu0", "log_std0", "s")))
 
 
 def family_for(model, settings, final_std=None):
@@ -421,17 +420,12 @@ class _Run:
         within = torch.arange(len(owner), device=self.device) - (torch.cumsum(cnt, 0) - cnt)[owner]
         return owner, self.order[rows[owner], self.bounds[steps][owner] + within], within
 
-    def noise(self, rows, pos):
-        """(x^(K) (n, C), eps (K, n, C)) of the positions ``pos`` of samples ``rows`` (``position_noise``);
-        where the chain length varies by step (DiSA: ``chain_len``), eps is a list of each position's
-        (K_j, C) draws."""
-        fam = self.fam
-        annealed = getattr(fam, "step_scheds", None) is not None or getattr(fam, "cell_steps", None) is not None
-        lens = ([fam.chain_len(s) for s in self.rank[rows, pos].tolist()] if annealed else
-                [fam.chain_steps] * len(pos))
-        noise, eps = zip(*(position_noise(self.seeds[int(b)], int(j), k, self.C, self.dtype, self.device)
-                           for b, j, k in zip(rows.tolist(), pos.tolist(), lens)))
-        return torch.stack(noise), (torch.stack(eps, 1) if len(set(lens)) <= 1 else list(eps))
+    def noise(self, rows, pos, K: int):
+        """(x^(K) (n, C), eps (K, n, C)) of the positions ``pos`` of samples ``rows`` (``position_noise``),
+        for chains of K steps."""
+        noise, eps = zip(*(position_noise(self.seeds[int(b)], int(j), K, self.C, self.dtype, self.device)
+                           for b, j in zip(rows.tolist(), pos.tolist())))
+        return torch.stack(noise), torch.stack(eps, 1)
 
     def prepare(self, model, rows, tokens, known):
         return self.fam.prepare(self, model, rows, tokens, known)

@@ -94,6 +94,11 @@ class ContinuousMethod:
             raise ValueError(f"head_steps (diffusion steps of the head) must be an integer >= 2, got {self.head_steps!r}")
 
     @property
+    def alone(self) -> bool:
+        """The target alone (``ar``, ``disa``): no draft, no verification."""
+        return self.name != "cspd"
+
+    @property
     def final_noise(self) -> bool:  # the exact rule samples the final step (continuous_sd.md 2.9)
         return self.mode == "exact"
 
@@ -104,7 +109,7 @@ class ContinuousMethod:
         """Record parameters (``method`` first, as the discrete methods'); AR names only how it
         samples: the exact mode's baseline has a stochastic final step. The head overrides appear
         when set (records of runs before them are unchanged)."""
-        if self.name in ("ar", "disa"):  # the target alone: how it samples
+        if self.alone:  # how the target alone samples
             return {"method": self.name, **({"final_noise": True} if self.final_noise else {}),
                     **({"final_std": self.final_std} if self.final_std is not None else {}), **self._head_record()}
         d = {k: v for k, v in dataclasses.asdict(self).items() if k not in HEAD_PARAMS}
@@ -136,7 +141,7 @@ class ContinuousMethod:
     def generate(self, target, draft, labels, seeds, head):
         """One batch through the continuous loop: the target alone (``ar``) or CSpD."""
         head = self.head_config(head)
-        if self.name in ("ar", "disa"):
+        if self.alone:
             return ar_generate(target, labels, seeds, head, final_noise=self.final_noise, final_std=self.final_std)
         return cspd_generate(target, draft, labels, seeds, head, gamma=self.gamma, mode=self.mode, verify=self.verify,
                              prefill=self.prefill, max_rounds=self.max_rounds, final_std=self.final_std,
