@@ -52,15 +52,22 @@ xar-distortion: $(STAMP)
 row-parallel: $(STAMP)
 	$(VPY) benchmarks/row_parallel.py
 
-# The continuous-SD paper's Table 1 grid (gamma 4..32 x batch 1..256, the paper's rule) on TARGET
-# (default the toy continuous world, CPU: results/paper_table1/); on a GPU e.g.
-# make paper-table1 TARGET=xar_h OVERRIDES="dataset=imagenet target.flow.unit=1 target.device=cuda"
+# The continuous-SD paper's Table 1 grid on TARGET (default the toy continuous world, CPU:
+# results/paper_table1/): gamma 4..32 x batch 1 / 16 / 64, the paper's rule beside the official code's
+# (inner temperature 42) and the exact rule with prefix verification (gamma 4: it costs several AR runs a
+# gamma); DiSA alone and DiSA + CSpD (head steps DISA = upper,lower: 20,5 on the toy's 20-step head, 50,5
+# on MAR); every CSpD row beside the target alone with as many forwards (docs/methods.md section 5.3).
+# The paper's batch 256 too: PT1_BATCHES=1,16,64,256 PT1_PROMPTS=16,64,256,256. On a GPU e.g.
+# make paper-table1 TARGET=mar_h DISA=50,5 OVERRIDES="dataset=imagenet target.device=cuda"
 TARGET ?= toy_continuous
 OVERRIDES ?=
+DISA ?= 20,5
+PT1_BATCHES ?= 1,16,64
+PT1_PROMPTS ?= 16,64,256
 paper-table1: $(STAMP)
 	$(VPY) benchmarks/continuous_sweep.py --target $(TARGET) $(foreach o,$(OVERRIDES),--override $(o)) \
-		--gammas 4,8,16,32 --batches 1,16,64,256 --prompts 16,64,256,256 --modes paper \
-		--out results/paper_table1/$(TARGET)
+		--gammas 4,8,16,32 --exact-gammas 4 --batches $(PT1_BATCHES) --prompts $(PT1_PROMPTS) \
+		--modes paper,official,exact --disa $(DISA) --out results/paper_table1/$(TARGET)
 
 # The toy sweep: every method on the same prompts; table + Pareto plot in results/toy/
 demo: $(STAMP)

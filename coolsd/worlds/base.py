@@ -40,6 +40,7 @@ from coolsd.engine.loop import speculative_generate
 from coolsd.engine.methods import build_method
 from coolsd.engine.timing import device_sync
 from coolsd.prompts import load_prompts, prompt_file_dataset
+from coolsd.util.errors import ConfigError
 from coolsd.util.registry import Registry
 from coolsd.util.fingerprint import file_identity
 from coolsd.worlds.files import run_missing_inputs
@@ -401,7 +402,21 @@ class ContinuousWorld(World):
         return {"head": head}
 
     def build_method(self, name: str, params: dict, tree="chain", draft_length=None):
-        return build_method(name, family=self.family, **params)
+        method = build_method(name, family=self.family, **params)
+        self.check_sampling(method)
+        return method
+
+    def check_sampling(self, method) -> None:
+        """The settings ``method`` runs (this world's head with its overrides) checked before any
+        work, each refusal one line: a flow target's ``num_iter`` must give a unit that divides its
+        cell (``FlowConfig.unit_for``), which only the loaded model's geometry tells."""
+        try:
+            head = method.head_config(self.head)
+            if hasattr(head, "unit_for"):
+                c = self.target.config
+                head.unit_for(c.cell_len, c.n_cells)
+        except ValueError as e:
+            raise ConfigError(f"method={method.name}: {e}") from None
 
     def generate(self, method, prompts: list, seeds: list[int]) -> list[Sample]:
         labels = self.labels(prompts)

@@ -48,7 +48,7 @@ class XARWorld(KL16World):
     @classmethod
     def sampling(cls, t, arch) -> FlowConfig:
         flow = FlowConfig(**t.flow)
-        flow.unit_for(arch.cell_len)  # a unit that does not divide the cell: refused before loading
+        flow.unit_for(arch.cell_len, arch.n_cells)  # a unit that does not divide the cell: refused before loading
         return flow
 
     @classmethod

@@ -147,18 +147,34 @@ def test_continuous_runs_join_the_parquet_table_and_its_summary(assets, tmp_path
 
 def test_continuous_benchmark_smoke_run(assets, tmp_path):
     """benchmarks/continuous_sweep.py end to end on tiny weights: its tables come from the runs
-    (``--no-warmup``: the untimed warm-up batches change nothing but the timings)."""
+    (``--no-warmup``: the untimed warm-up batches change nothing but the timings); with ``--disa``
+    DiSA alone and DiSA + CSpD beside CSpD, and every CSpD row beside the target alone with as many
+    target forwards (method.num_iter), sampled as the row's baseline."""
 
     bench = load_benchmark("continuous_sweep")
     bench.main(["--assets", str(assets), "--prompts", "2,2", "--batches", "1,2", "--gammas", "4", "--modes",
-                "paper,exact", "--no-warmup", "--out", str(tmp_path / "out"), "--records", str(tmp_path / "rec")])
+                "paper,exact", "--disa", "6,2", "--no-warmup", "--out", str(tmp_path / "out"),
+                "--records", str(tmp_path / "rec")])
     rows = json.loads((tmp_path / "out" / "summary.json").read_text())["rows"]
-    assert {(r["batch"], r["mode"], r["config"]) for r in rows} == {
-        (b, m, c) for b in (1, 2) for m in ("paper", "exact") for c in ("ar", "cspd_g4")}
-    for r in rows:
-        if r["config"] == "cspd_g4" and r["mode"] == "paper":  # parallel: 4 pre-filled, then one target forward per 4 drafts
-            assert r["target_forwards"] == 4 + 15 and abs(r["forwards_saved"] - (1 - 19 / 64)) < 1e-9
-    assert "| gamma | acceptance | bs=1 | bs=2 |" in (tmp_path / "out" / "speedup_table.md").read_text()
+    main = {(r["batch"], r["mode"], r["config"]) for r in rows if r["equal_forwards_of"] is None}
+    assert main == {(b, m, c) for b in (1, 2) for m in ("paper", "exact") for c in ("ar", "cspd_g4", "disa",
+                                                                                     "disa_cspd_g4")}
+    by = {(r["batch"], r["mode"], r["config"]): r for r in rows}
+    for b in (1, 2):
+        r = by[b, "paper", "cspd_g4"]  # parallel: 4 pre-filled, then one target forward per 4 drafts
+        assert r["target_forwards"] == 4 + 15 and abs(r["forwards_saved"] - (1 - 19 / 64)) < 1e-9
+        assert r["equal_forwards"] == "ar_nf19" and by[b, "paper", "disa_cspd_g4"]["equal_forwards"] == "disa_nf19"
+        eq = by[b, "paper", "ar_nf19"]  # the target alone in 19 MaskGIT steps, its own folder beside AR
+        assert eq["target_forwards"] == 19 and eq["head"] == {"num_iter": 19} and eq["equal_forwards_of"] == ["cspd_g4"]
+        assert by[b, "paper", "disa_nf19"]["head"] == {"head_steps": 6, "lower_steps": 2, "anneal": "linear",
+                                                       "num_iter": 19}
+        assert by[b, "paper", "disa"]["head"] == {"head_steps": 6, "lower_steps": 2, "anneal": "linear"}
+        x = by[b, "exact", "cspd_g4"]  # prefix: random forwards; its baseline samples the smoothed final step
+        assert x["equal_forwards"] == f"ar_nf{round(x['target_forwards'])}_exact"
+        assert by[b, "exact", x["equal_forwards"]]["settings"] == {"final_std": 0.3}
+    layout = (tmp_path / "out" / "speedup_table.md").read_text()
+    assert "| config | acceptance | target fwd | bs=1 | bs=2 | equal-fwd AR | bs=1 | bs=2 |" in layout
+    assert "| cspd_g4 | " in layout and "| ar_nf19 | " in layout and "| disa_cspd_g4 | " in layout
     # 2 prompts are too few for toy_fid's feature covariance: null, so no toy_fid Pareto plot
     assert all(r["toy_fid"] is None for r in rows) and not (tmp_path / "out" / "pareto.png").exists()
     assert (tmp_path / "out" / "grid.png").is_file()

@@ -85,6 +85,9 @@ class FlowConfig:
     # ``num_steps`` (the first cell) to ``lower_steps`` (the last), xAR_DiSA's only strategy; None: fixed
     anneal: str | None = None
     lower_steps: int | None = None
+    # AR steps over the whole sequence in place of ``unit`` (unit = tokens / num_iter, a divisor of the
+    # cell): how a run of the target alone is given as many forwards as another run (MAR's num_iter)
+    num_iter: int | None = None
 
     def __post_init__(self):
         if isinstance(self.num_steps, bool) or int(self.num_steps) != self.num_steps or self.num_steps < 2:
@@ -99,8 +102,23 @@ class FlowConfig:
             raise ValueError(f"cfg must be >= 1 (1 = no guidance), got {self.cfg}")
         if self.unit is not None and (isinstance(self.unit, bool) or int(self.unit) != self.unit or self.unit < 1):
             raise ValueError(f"unit (tokens per AR step) must be an integer >= 1 or null, got {self.unit!r}")
+        if self.num_iter is not None:
+            if isinstance(self.num_iter, bool) or int(self.num_iter) != self.num_iter or self.num_iter < 1:
+                raise ValueError(f"num_iter (AR steps) must be an integer >= 1 or null, got {self.num_iter!r}")
+            if self.unit is not None:
+                raise ValueError(f"num_iter={self.num_iter} and unit={self.unit} both set a flow model's AR steps: "
+                                 "give one")
 
-    def unit_for(self, cell_len: int) -> int:
+    def unit_for(self, cell_len: int, n_cells: int = 1) -> int:
+        """Tokens per AR step; ``num_iter`` AR steps over ``n_cells`` cells must give a unit that divides
+        the cell (units never span cells)."""
+        if self.num_iter is not None:
+            L = cell_len * n_cells
+            if L % self.num_iter or cell_len % (L // self.num_iter):
+                valid = ", ".join(str(L // u) for u in range(cell_len, 0, -1) if cell_len % u == 0)
+                raise ValueError(f"num_iter {self.num_iter}: {L} tokens in AR steps of a whole divisor of the "
+                                 f"{cell_len}-token cell need num_iter in {{{valid}}}")
+            return L // self.num_iter
         u = cell_len if self.unit is None else int(self.unit)
         if cell_len % u:
             raise ValueError(f"unit {u} does not divide the model's cell of {cell_len} tokens; use a divisor "

@@ -245,7 +245,7 @@ class FlowFamily:
     def __init__(self, model, fc: FlowConfig, final_std: float | None):
         c = model.config
         self.fc, self.L, self.C, self.cell_len = fc, c.seq_len, c.token_dim, c.cell_len
-        self.unit = fc.unit_for(c.cell_len)
+        self.unit = fc.unit_for(c.cell_len, c.n_cells)
         self.n_steps, self.n_cells = self.L // self.unit, c.n_cells
         self.bounds = list(range(0, self.L + 1, self.unit))
         self.chain_steps = fc.num_steps

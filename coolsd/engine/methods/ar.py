@@ -4,12 +4,12 @@ from coolsd.engine.methods.cspd import HEAD_PARAMS, ContinuousMethod, check_head
 from coolsd.engine.methods.registry import register_method
 
 
-# sampler / eta / head_steps / anneal / lower_steps: continuous targets only (the target's head settings overridden, as cspd's)
+# sampler / eta / head_steps / anneal / lower_steps / num_iter: continuous targets only (the target's head settings overridden, as cspd's)
 @register_method("ar", families=("discrete", "continuous"), lossless=True, drafter="none", params=HEAD_PARAMS,
                  checks=(check_head_params,))
-def ar(ctx, sampler=None, eta=None, head_steps=None, anneal=None, lower_steps=None):
+def ar(ctx, sampler=None, eta=None, head_steps=None, anneal=None, lower_steps=None, num_iter=None):
     """The target alone, one token a forward (the speed-up reference)."""
     if ctx.family == "continuous":
         return ContinuousMethod(name="ar", sampler=sampler, eta=eta, head_steps=head_steps, anneal=anneal,
-                                lower_steps=lower_steps)
+                                lower_steps=lower_steps, num_iter=num_iter)
     return None, EMPTY_TREE

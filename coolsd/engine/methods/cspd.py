@@ -27,6 +27,9 @@ HEAD_PARAMS = {
                         "(docs/methods.md#52-disa; null: every token runs head_steps)"),
     "lower_steps": Param(None, int, low=2, nullable=True, families=("continuous",),
                          doc="DiSA's head steps of the last AR iteration (with anneal)"),
+    "num_iter": Param(None, int, low=1, nullable=True, families=("continuous",),
+                      doc="AR steps (target forwards of the target alone): MAR's / Harmon's MaskGIT-cosine num_iter; "
+                          "a flow target's unit = tokens / num_iter (null: the target's head.num_iter / flow.unit)"),
 }
 
 
@@ -47,8 +50,9 @@ def check_head_params(p: dict) -> None:
                          f"{p['head_steps']}")
 
 
-# the head settings a flow target (FlowConfig) takes: its SDE steps per unit and DiSA's annealing of them
-FLOW_KEYS = {"head_steps": "num_steps", "anneal": "anneal", "lower_steps": "lower_steps"}
+# the head settings a flow target (FlowConfig) takes: its SDE steps per unit, DiSA's annealing of them and
+# its AR steps (``FlowConfig.num_iter``: the unit they imply)
+FLOW_KEYS = {"head_steps": "num_steps", "anneal": "anneal", "lower_steps": "lower_steps", "num_iter": "num_iter"}
 
 
 def refuse_flow_head_params(params: dict) -> None:
@@ -79,6 +83,7 @@ class ContinuousMethod:
     head_steps: int | None = None
     anneal: str | None = None
     lower_steps: int | None = None
+    num_iter: int | None = None
     family = "continuous"
 
     def __post_init__(self):
@@ -117,9 +122,10 @@ class ContinuousMethod:
 
     def baseline(self) -> "ContinuousMethod":
         """The target alone, sampled as this method samples (the exact mode's final-step noise, the
-        head overrides); DiSA's: the target's own head steps, without the annealing it measures."""
+        head overrides); DiSA's: the target's own head steps and AR steps, without the annealing (and
+        the iteration count it pairs with) that it measures."""
         if self.name == "disa":
-            return dataclasses.replace(self, name="ar", head_steps=None, anneal=None, lower_steps=None)
+            return dataclasses.replace(self, name="ar", head_steps=None, anneal=None, lower_steps=None, num_iter=None)
         return dataclasses.replace(self, name="ar")
 
     def head_config(self, head):
@@ -127,13 +133,14 @@ class ContinuousMethod:
         (validated by ``HeadConfig``); ``sampler=ddpm`` without ``eta`` sets eta = 0. A flow target's
         ``FlowConfig`` with any override is refused."""
         over = {"sampler": self.sampler, "eta": self.eta, "steps": self.head_steps, "anneal": self.anneal,
-                "lower_steps": self.lower_steps}
+                "lower_steps": self.lower_steps, "num_iter": self.num_iter}
         over = {k: v for k, v in over.items() if v is not None}
         if not over:
             return head
         if not isinstance(head, HeadConfig):  # a flow model: its SDE steps and their annealing (DiSA)
             refuse_flow_head_params(self._head_record())
-            return dataclasses.replace(head, **{FLOW_KEYS[k]: v for k, v in self._head_record().items()})
+            flow = {FLOW_KEYS[k]: v for k, v in self._head_record().items()}
+            return dataclasses.replace(head, **flow, **({"unit": None} if "num_iter" in flow else {}))
         if self.sampler == "ddpm" and self.eta is None:
             over["eta"] = 0.0
         return dataclasses.replace(head, **over)
@@ -171,10 +178,10 @@ class ContinuousMethod:
     **HEAD_PARAMS,
 })
 def cspd(ctx, gamma, mode, verify, prefill, max_rounds, final_std, inner_temperature, sampler, eta, head_steps, anneal,
-         lower_steps):
+         lower_steps, num_iter):
     """Continuous speculative decoding: a draft diffusion-head or flow model's tokens verified by the target's."""
     return ContinuousMethod("cspd", gamma, mode, verify, prefill, max_rounds, final_std, inner_temperature, sampler,
-                            eta, head_steps, anneal, lower_steps)
+                            eta, head_steps, anneal, lower_steps, num_iter)
 
 
 # DiSA alone: the target with its head's steps annealed (MAR's recipe: 50 -> 5, linear, with num_iter 64);
@@ -185,7 +192,9 @@ def cspd(ctx, gamma, mode, verify, prefill, max_rounds, final_std, inner_tempera
     "lower_steps": Param(5, int, low=2, doc="the head's steps at the last AR iteration (diff_lower_steps)"),
     "anneal": Param("linear", str, choices=STRATEGIES, doc="how the steps fall over the AR iterations "
                                                           "(diff_annealing_strategy; docs/methods.md#52-disa)"),
+    "num_iter": Param(None, int, low=1, nullable=True, doc="the AR steps DiSA pairs with (MAR: 64, its --num_iter; "
+                                                          "null: the target's head.num_iter)"),
 })
-def disa(ctx, head_steps, lower_steps, anneal):
+def disa(ctx, head_steps, lower_steps, anneal, num_iter):
     """DiSA: the target alone with its diffusion head's steps annealed over the AR iterations (training-free)."""
-    return ContinuousMethod("disa", head_steps=head_steps, anneal=anneal, lower_steps=lower_steps)
+    return ContinuousMethod("disa", head_steps=head_steps, anneal=anneal, lower_steps=lower_steps, num_iter=num_iter)
