@@ -74,12 +74,16 @@ def equal_forwards_iter(world, forwards: float) -> int | None:
 def equal_forwards_methods(world, runs: dict, table: dict) -> dict:
     """{row tag: (baseline tag, method)}: for each CSpD row, the target alone sampled as that row's
     baseline samples (``baseline()``: the mode's final step, DiSA's annealing) with ``num_iter`` = the
-    row's mean target forwards (docs/results.md: what parallel verification buys over fewer steps)."""
+    row's mean target forwards (docs/methods.md#53-the-equal-forwards-baseline); ("ar", None) where
+    that is the mode's own ``ar``, run beside the row already."""
     out = {}
     for tag, m in runs.items():
         if m.alone or tag not in table:
             continue
         n = equal_forwards_iter(world, table[tag]["target_forwards"]["mean"])
+        if n is None and m.anneal is None:  # as many forwards as the mode's own ar: that is the baseline
+            out[tag] = ("ar", None)
+            continue
         base = dataclasses.replace(m.baseline(), num_iter=n)
         name = f"{'disa' if m.anneal else 'ar'}_nf{n if n is not None else 'L'}" + ("_exact" if base.final_noise else "")
         out[tag] = (name, base)
@@ -162,12 +166,13 @@ def _fid_delta(r) -> str:
 
 
 def speedup_layout(df: pd.DataFrame) -> str:
-    """The paper's Table 1 layout: per mode and configuration (CSpD per gamma; with DiSA: DiSA alone
-    and DiSA + CSpD per gamma), acceptance, target forwards and the speed-up per batch size, beside
+    """The paper's Table 1 layout: per mode and configuration (with DiSA: DiSA alone first; CSpD per
+    gamma; with DiSA: DiSA + CSpD per gamma), acceptance, target forwards and the speed-up per batch size, beside
     the target alone with as many forwards (its speed-up per batch size) and both quality costs
     (toy_fid - AR with its CI at the batch size with the most prompts)."""
     main = df[df.equal_forwards_of.isna() & (df.config != "ar")]
-    equal = {(r.batch, r.config): r for r in df[df.equal_forwards_of.notna()].itertuples()}
+    equal = {(r.batch, r.config): r for r in df[df.equal_forwards_of.notna()].itertuples() if r.config != "ar"}
+    own_ar = {(r.batch, r.mode): r for r in df[df.equal_forwards_of.isna() & (df.config == "ar")].itertuples()}
     batches = sorted(main.batch.unique())
     n_of = dict(zip(df.batch, df.n)) if "n" in df else {}
     q = max(batches, key=lambda b: (n_of.get(b, 0), b))  # the most prompts: the narrowest toy_fid intervals
@@ -187,7 +192,8 @@ def speedup_layout(df: pd.DataFrame) -> str:
             rows = {r.batch: r for r in gg.itertuples()}
             cells = [config, _f(gg.acceptance.mean(), 3), _f(gg.target_forwards.mean(), 1)]
             cells += [f"{_f(rows[b].speedup)}x" if b in rows else "-" for b in batches]
-            eq = {b: equal.get((b, rows[b].equal_forwards)) for b in rows if isinstance(rows[b].equal_forwards, str)}
+            eq = {b: own_ar.get((b, mode)) if rows[b].equal_forwards == "ar" else equal.get((b, rows[b].equal_forwards))
+                  for b in rows if isinstance(rows[b].equal_forwards, str)}
             if with_equal:
                 names = list(dict.fromkeys(r.config for r in eq.values() if r is not None))
                 cells += [" / ".join(names) if names else "-"]
@@ -218,21 +224,24 @@ def equal_forwards_plot(df: pd.DataFrame, path: Path, title: str) -> bool:
     main = at[at.equal_forwards_of.isna() & (at.config != "ar")]
     if main.empty:
         return False
-    equal = {r.config: r for r in at[at.equal_forwards_of.notna()].itertuples()}
+    equal = {r.config: r for r in at[at.equal_forwards_of.notna()].itertuples() if r.config != "ar"}
+    own_ar = {r.mode: r for r in at[at.equal_forwards_of.isna() & (at.config == "ar")].itertuples()}
     modes = list(dict.fromkeys(main["mode"]))
     fig, axes = plt.subplots(1, len(modes), figsize=(5.5 * len(modes), 4.4), squeeze=False, dpi=DPI)
     for ax, mode in zip(axes[0], modes):
         pts = []
 
-        def point(r, style, color):
-            ax.errorbar([r.speedup], [r.toy_fid_minus_ar], xerr=[[r.speedup - r.speedup_lo], [r.speedup_hi - r.speedup]],
-                        yerr=[[r.toy_fid_minus_ar - r.toy_fid_minus_ar_lo], [r.toy_fid_minus_ar_hi - r.toy_fid_minus_ar]],
+        def point(r, style, color):  # a bootstrap interval need not hold its point: bars clipped at 0
+            x, y = r.speedup, r.toy_fid_minus_ar
+            ax.errorbar([x], [y], xerr=[[max(0.0, x - r.speedup_lo)], [max(0.0, r.speedup_hi - x)]],
+                        yerr=[[max(0.0, y - r.toy_fid_minus_ar_lo)], [max(0.0, r.toy_fid_minus_ar_hi - y)]],
                         fmt=style, color=color, capsize=2, mfc="white" if style == "o" and color == "0.4" else color)
             pts.append((r.speedup, r.toy_fid_minus_ar, r.config))
 
         for r in main[main["mode"] == mode].itertuples():
             color = "C1" if r.config.startswith("disa") else "C0"
-            base = equal.get(r.equal_forwards) if isinstance(r.equal_forwards, str) else None
+            base = (own_ar.get(mode) if r.equal_forwards == "ar" else equal.get(r.equal_forwards)
+                    if isinstance(r.equal_forwards, str) else None)
             if base is not None:
                 ax.plot([r.speedup, base.speedup], [r.toy_fid_minus_ar, base.toy_fid_minus_ar], color="0.6", lw=0.8)
                 if not any(t == base.config for *_, t in pts):
@@ -310,7 +319,7 @@ def main(argv=None):
     settings_of = {m: {**MODES[m], **({"final_std": a.exact_std} if m == "exact" else {})} for m in modes}
     t0 = time.perf_counter()
     rows, tables, grids = [], {}, []
-    done_equal = {}  # (batch, the baseline's record params) -> its tag: run once, shared by the modes sampling alike
+    done_equal = {}  # (batch, the baseline's record params) -> its row: run once, shared by the modes sampling alike
     for batch, n in zip(batches, prompts):
         for mode in modes:
             runs = point_methods(world, settings_of[mode], exact_gammas if mode == "exact" else gammas, disa)
@@ -318,7 +327,10 @@ def main(argv=None):
             tables[f"b{batch}_{mode}"] = {"table": table, "failures": failures}
             equal = equal_forwards_methods(world, runs, table) if a.equal_forwards else {}
             key = lambda m: (batch, json.dumps(m.describe(), sort_keys=True))  # noqa: E731
-            todo = {t: m for t, m in equal.values() if key(m) not in done_equal}
+            todo = {t: m for t, m in equal.values() if m is not None and key(m) not in done_equal}
+            for r, (t, m) in equal.items():  # a baseline another mode ran: this mode's rows join its list
+                if m is not None and t not in todo:
+                    done_equal[key(m)]["equal_forwards_of"].append(f"{r} ({mode})")
             if todo:  # the baselines in a folder of their own, beside the mode's AR (same prompts and seeds)
                 eq_runs = {"ar": runs["ar"], **todo}
                 eq_table, eq_out, eq_fail = run_point(world, batch, f"{mode}_nf", eq_runs, n, records, a.seed,
@@ -327,7 +339,7 @@ def main(argv=None):
                 of = {"ar": ["the folder's speed-up reference"],
                       **{t: [r for r, (bt, _) in equal.items() if bt == t] for t in todo}}
                 rows += rows_of({t: eq_table[t] for t in ["ar", *todo] if t in eq_table}, batch, mode, of=of)
-                done_equal.update({key(m): t for t, m in todo.items()})
+                done_equal.update({key(m): next(r for r in reversed(rows) if r["config"] == t) for t, m in todo.items()})
             rows += rows_of(table, batch, mode, equal={r: bt for r, (bt, _) in equal.items()})
             if batch == batches[-1]:  # one AR row per distinct target-only sampling (exact: smoothed)
                 grids += [(f"{mode} {t}", outputs[t][1][:12]) for t in outputs if mode != "official" or t != "ar"]

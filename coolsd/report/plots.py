@@ -136,8 +136,9 @@ def pareto_figure(df: pd.DataFrame, metrics: list[str], title: str,
                 g = g.dropna(subset=[x, metric]).sort_values(x)
                 if g.empty:
                     continue
-                ax.errorbar(g[x], g[metric], yerr=[g[metric] - g[metric + "_lo"], g[metric + "_hi"] - g[metric]],
-                            xerr=[g[x] - g[x + "_lo"], g[x + "_hi"] - g[x]], fmt="o-" if len(g) > 1 else "o",
+                # a bootstrap interval need not hold its point (FID's resamples are biased up): bars clipped at 0
+                bar = lambda c: [(g[c] - g[c + "_lo"]).clip(lower=0), (g[c + "_hi"] - g[c]).clip(lower=0)]  # noqa: E731
+                ax.errorbar(g[x], g[metric], yerr=bar(metric), xerr=bar(x), fmt="o-" if len(g) > 1 else "o",
                             capsize=2, label=family)
                 shown.append(g[[x, metric, "tag"]].to_numpy())
             points[row, col] = np.concatenate(shown) if shown else np.empty((0, 3), dtype=object)

@@ -394,12 +394,14 @@ class ContinuousWorld(World):
         ...
 
     def settings(self) -> dict:
-        """The head settings; a diffusion head's ``sampler`` / ``eta`` only when not DDPM's (so run
-        folders made before the option existed keep their identity)."""
+        """The head settings; a diffusion head's ``sampler`` / ``eta`` only when not DDPM's, and the
+        settings added since (DiSA's ``anneal`` / ``lower_steps``, a flow model's ``num_iter``) only
+        when set, so that run folders made before each option existed keep their identity."""
         head = dataclasses.asdict(self.head)
         if head.get("sampler") == "ddpm" and head.get("eta") == 0:
             del head["sampler"], head["eta"]
-        return {"head": head}
+        late = ("anneal", "lower_steps") + (("num_iter",) if hasattr(self.head, "unit_for") else ())
+        return {"head": {k: v for k, v in head.items() if not (k in late and v is None)}}
 
     def build_method(self, name: str, params: dict, tree="chain", draft_length=None):
         method = build_method(name, family=self.family, **params)
@@ -409,12 +411,19 @@ class ContinuousWorld(World):
     def check_sampling(self, method) -> None:
         """The settings ``method`` runs (this world's head with its overrides) checked before any
         work, each refusal one line: a flow target's ``num_iter`` must give a unit that divides its
-        cell (``FlowConfig.unit_for``), which only the loaded model's geometry tells."""
+        cell (``FlowConfig.unit_for``), a method's ``num_iter`` on a diffusion head is at most its token
+        count (each of MAR's MaskGIT steps makes a token at least); only the loaded model's geometry
+        tells."""
         try:
             head = method.head_config(self.head)
+            c = self.target.config
             if hasattr(head, "unit_for"):
-                c = self.target.config
                 head.unit_for(c.cell_len, c.n_cells)
+            elif getattr(method, "num_iter", None) is not None and method.num_iter > c.seq_len:
+                # the method's steps (a target's own head.num_iter, upstream's config, may exceed its tokens:
+                # the steps that would reveal none are dropped, ``maskgit_iterations``)
+                raise ValueError(f"num_iter {method.num_iter} > the target's {c.seq_len} tokens: every AR step "
+                                 f"makes at least one token (num_iter <= {c.seq_len})")
         except ValueError as e:
             raise ConfigError(f"method={method.name}: {e}") from None
 

@@ -12,7 +12,7 @@ def _records(path):
     return [json.loads(x) for x in (path / "samples.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("target,n", [("toy_continuous", 7), ("mar_h", 5), ("harmon_1_5b", 3), ("xar_h", 8)])
+@pytest.mark.parametrize("target,n", [("toy_continuous", 7), ("mar_h", 5), ("harmon_1_5b", 3), ("xar_h", 4)])
 def test_the_target_alone_takes_num_iter_forwards(target, n, compose, world_overrides, tmp_path):
     from coolsd.cli.runner import run
 
@@ -54,3 +54,18 @@ def test_a_num_iter_a_flow_target_cannot_take_is_refused_before_work(compose, wo
         run(compose(*world_overrides("xar_h"), "method=ar", "method.num_iter=3", "dataset.n_prompts=1",
                     f"+out_dir={tmp_path}"))
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
+    with pytest.raises(ConfigError, match=r"^method=ar: num_iter 65 > the target's 64 tokens: every AR step makes at "
+                                          r"least one token \(num_iter <= 64\)$"):
+        run(compose(*world_overrides("toy_continuous"), "method=ar", "method.num_iter=65", "dataset.n_prompts=1",
+                    f"+out_dir={tmp_path}"))
+
+
+@pytest.mark.parametrize("target", ["toy_continuous", "xar_h"])
+def test_settings_added_since_leave_older_run_folders_identity_alone(target, compose, world_overrides):
+    """run.json's head settings name DiSA's annealing and a flow model's num_iter only where set: a
+    folder made before they existed resumes (its identity is compared key for key)."""
+    from coolsd.worlds import load_world
+
+    world = load_world(compose(*world_overrides(target), "method=ar", "dataset.n_prompts=1"))
+    head = world.settings()["head"]
+    assert not {"anneal", "lower_steps"} & set(head) and ("num_iter" in head) == (target != "xar_h")

@@ -177,4 +177,23 @@ def test_continuous_benchmark_smoke_run(assets, tmp_path):
     assert "| cspd_g4 | " in layout and "| ar_nf19 | " in layout and "| disa_cspd_g4 | " in layout
     # 2 prompts are too few for toy_fid's feature covariance: null, so no toy_fid Pareto plot
     assert all(r["toy_fid"] is None for r in rows) and not (tmp_path / "out" / "pareto.png").exists()
+    assert not (tmp_path / "out" / "equal_forwards.png").exists()
     assert (tmp_path / "out" / "grid.png").is_file()
+    # the equal-forwards figure on these rows given toy_fid differences, one interval not holding its point
+    import pandas as pd
+
+    df = pd.read_csv(tmp_path / "out" / "table.csv", converters={k: _cell for k in ("equal_forwards_of", "settings",
+                                                                                 "head")})
+    df["toy_fid_minus_ar"] = range(len(df))
+    df["toy_fid_minus_ar_lo"], df["toy_fid_minus_ar_hi"] = df.toy_fid_minus_ar - 3, df.toy_fid_minus_ar + 3
+    df.loc[df.index[-1], "toy_fid_minus_ar_lo"] = df.toy_fid_minus_ar.iloc[-1] + 1
+    assert bench.equal_forwards_plot(df, tmp_path / "ef.png", "smoke") and (tmp_path / "ef.png").stat().st_size > 10_000
+    layout = bench.speedup_layout(df)
+    assert "| cspd_g4 | " in layout and " [-3, 3] |" not in layout.split("| cspd_g4 | ")[0]
+
+
+def _cell(text: str):
+    """A list or dict cell of table.csv (written from Python objects); empty: None."""
+    import ast
+
+    return ast.literal_eval(text) if text.startswith(("[", "{")) else None

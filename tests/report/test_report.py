@@ -91,6 +91,9 @@ def test_pareto_plot_writes_png_and_pdf(tmp_path):
     assert [f.suffix for f in files] == [".png", ".pdf"] and all(f.stat().st_size > 1000 for f in files)
     with pytest.raises(ValueError, match="none of the metrics"):
         pareto_plot(sweep_frame(fake_table()), tmp_path / "q.png", ["fid"], "t")
+    df = sweep_frame(fake_table())  # a bootstrap interval that does not hold its point (FID's, biased up)
+    df["toy_fid_lo"] = df["toy_fid"] + 1
+    assert pareto_plot(df, tmp_path / "r.png", ["toy_fid"], "t")[0].stat().st_size > 1000
 
 
 def _records(tmp_path, name, values, seeds=None):

@@ -109,7 +109,7 @@ class FlowConfig:
                 raise ValueError(f"num_iter={self.num_iter} and unit={self.unit} both set a flow model's AR steps: "
                                  "give one")
 
-    def unit_for(self, cell_len: int, n_cells: int = 1) -> int:
+    def unit_for(self, cell_len: int, n_cells: int) -> int:
         """Tokens per AR step; ``num_iter`` AR steps over ``n_cells`` cells must give a unit that divides
         the cell (units never span cells)."""
         if self.num_iter is not None:

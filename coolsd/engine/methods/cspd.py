@@ -193,7 +193,7 @@ def cspd(ctx, gamma, mode, verify, prefill, max_rounds, final_std, inner_tempera
     "anneal": Param("linear", str, choices=STRATEGIES, doc="how the steps fall over the AR iterations "
                                                           "(diff_annealing_strategy; docs/methods.md#52-disa)"),
     "num_iter": Param(None, int, low=1, nullable=True, doc="the AR steps DiSA pairs with (MAR: 64, its --num_iter; "
-                                                          "null: the target's head.num_iter)"),
+                                                          "null: the target's head.num_iter / flow.unit)"),
 })
 def disa(ctx, head_steps, lower_steps, anneal, num_iter):
     """DiSA: the target alone with its diffusion head's steps annealed over the AR iterations (training-free)."""
