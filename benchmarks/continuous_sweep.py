@@ -30,6 +30,7 @@ import pandas as pd
 import torch
 
 from coolsd.cli.runner import compose
+from coolsd.engine.continuous.flow import FlowConfig
 from coolsd.engine.timing import cpu_name
 from coolsd.job.generation import run_identity, run_shard
 from coolsd.job.summary import results_table
@@ -62,13 +63,10 @@ def equal_forwards_iter(world, forwards: float) -> int | None:
     """The AR steps (``method.num_iter``) of the target alone with as many target forwards as a run
     that took ``forwards`` on average (rounded); None where that is the target's one-token-a-step run.
     A flow model's num_iter must give a unit that divides its cell: the nearest valid count."""
-    n = max(1, round(forwards))
-    head = world.head
-    if hasattr(head, "unit_for"):  # FlowConfig: tokens / num_iter must divide the cell
-        cell, cells = world.target.config.cell_len, world.target.config.n_cells
-        valid = [cell * cells // u for u in range(1, cell + 1) if cell % u == 0]
-        return min(valid, key=lambda v: (abs(v - n), -v))
-    return None if n >= world.target.config.seq_len and head.num_iter is None else n
+    n, head, c = max(1, round(forwards)), world.head, world.target.config
+    if isinstance(head, FlowConfig):
+        return min(head.num_iters(c.cell_len, c.n_cells), key=lambda v: (abs(v - n), -v))
+    return None if n >= c.seq_len and head.num_iter is None else n
 
 
 def equal_forwards_methods(world, runs: dict, table: dict) -> dict:
@@ -165,17 +163,30 @@ def _fid_delta(r) -> str:
     return f"{_f(r.toy_fid_minus_ar, 0)} [{_f(r.toy_fid_minus_ar_lo, 0)}, {_f(r.toy_fid_minus_ar_hi, 0)}]"
 
 
+def quality_batch(df: pd.DataFrame) -> int:
+    """The batch size with the most prompts (the narrowest toy_fid intervals; the larger on a tie)."""
+    n_of = dict(zip(df.batch, df.n)) if "n" in df else {}
+    return max(df.batch.unique(), key=lambda b: (n_of.get(b, 0), b))
+
+
+def baselines(df: pd.DataFrame):
+    """row -> the row of its equal-forwards baseline (None where it has none): a row of an
+    equal-forwards folder by (batch, tag), or the mode's own ``ar`` where that is the baseline."""
+    equal = {(r.batch, r.config): r for r in df[df.equal_forwards_of.notna()].itertuples() if r.config != "ar"}
+    own_ar = {(r.batch, r.mode): r for r in df[df.equal_forwards_of.isna() & (df.config == "ar")].itertuples()}
+    return lambda r: (own_ar.get((r.batch, r.mode)) if r.equal_forwards == "ar"
+                      else equal.get((r.batch, r.equal_forwards)) if isinstance(r.equal_forwards, str) else None)
+
+
 def speedup_layout(df: pd.DataFrame) -> str:
     """The paper's Table 1 layout: per mode and configuration (with DiSA: DiSA alone first; CSpD per
     gamma; with DiSA: DiSA + CSpD per gamma), acceptance, target forwards and the speed-up per batch size, beside
     the target alone with as many forwards (its speed-up per batch size) and both quality costs
     (toy_fid - AR with its CI at the batch size with the most prompts)."""
     main = df[df.equal_forwards_of.isna() & (df.config != "ar")]
-    equal = {(r.batch, r.config): r for r in df[df.equal_forwards_of.notna()].itertuples() if r.config != "ar"}
-    own_ar = {(r.batch, r.mode): r for r in df[df.equal_forwards_of.isna() & (df.config == "ar")].itertuples()}
+    baseline_of = baselines(df)
     batches = sorted(main.batch.unique())
-    n_of = dict(zip(df.batch, df.n)) if "n" in df else {}
-    q = max(batches, key=lambda b: (n_of.get(b, 0), b))  # the most prompts: the narrowest toy_fid intervals
+    q = quality_batch(df)
     with_equal = main.equal_forwards.notna().any()
     out = []
     for mode, g in main.groupby("mode", sort=False):
@@ -192,8 +203,7 @@ def speedup_layout(df: pd.DataFrame) -> str:
             rows = {r.batch: r for r in gg.itertuples()}
             cells = [config, _f(gg.acceptance.mean(), 3), _f(gg.target_forwards.mean(), 1)]
             cells += [f"{_f(rows[b].speedup)}x" if b in rows else "-" for b in batches]
-            eq = {b: own_ar.get((b, mode)) if rows[b].equal_forwards == "ar" else equal.get((b, rows[b].equal_forwards))
-                  for b in rows if isinstance(rows[b].equal_forwards, str)}
+            eq = {b: baseline_of(r) for b, r in rows.items() if isinstance(r.equal_forwards, str)}
             if with_equal:
                 names = list(dict.fromkeys(r.config for r in eq.values() if r is not None))
                 cells += [" / ".join(names) if names else "-"]
@@ -218,18 +228,17 @@ def equal_forwards_plot(df: pd.DataFrame, path: Path, title: str) -> bool:
 
     from coolsd.report.plots import DPI, place_labels
 
-    n_of = dict(zip(df.batch, df.n))
-    q = max(n_of, key=lambda b: (n_of[b], b))
+    q = quality_batch(df)
     at = df[(df.batch == q) & df.toy_fid_minus_ar.notna()]
     main = at[at.equal_forwards_of.isna() & (at.config != "ar")]
     if main.empty:
         return False
-    equal = {r.config: r for r in at[at.equal_forwards_of.notna()].itertuples() if r.config != "ar"}
-    own_ar = {r.mode: r for r in at[at.equal_forwards_of.isna() & (at.config == "ar")].itertuples()}
+    baseline_of = baselines(at)
     modes = list(dict.fromkeys(main["mode"]))
     fig, axes = plt.subplots(1, len(modes), figsize=(5.5 * len(modes), 4.4), squeeze=False, dpi=DPI)
+    labels = {}  # axes -> its points' (x, y, tag)
     for ax, mode in zip(axes[0], modes):
-        pts = []
+        pts = labels[ax] = []
 
         def point(r, style, color):  # a bootstrap interval need not hold its point: bars clipped at 0
             x, y = r.speedup, r.toy_fid_minus_ar
@@ -240,8 +249,7 @@ def equal_forwards_plot(df: pd.DataFrame, path: Path, title: str) -> bool:
 
         for r in main[main["mode"] == mode].itertuples():
             color = "C1" if r.config.startswith("disa") else "C0"
-            base = (own_ar.get(mode) if r.equal_forwards == "ar" else equal.get(r.equal_forwards)
-                    if isinstance(r.equal_forwards, str) else None)
+            base = baseline_of(r)
             if base is not None:
                 ax.plot([r.speedup, base.speedup], [r.toy_fid_minus_ar, base.toy_fid_minus_ar], color="0.6", lw=0.8)
                 if not any(t == base.config for *_, t in pts):
@@ -251,15 +259,14 @@ def equal_forwards_plot(df: pd.DataFrame, path: Path, title: str) -> bool:
         ax.axvline(1, color="0.3", lw=0.6)
         ax.set_xlabel("speed-up against AR (same prompts and seeds)")
         ax.set_ylabel("toy_fid - AR (lower is better)")
-        ax.set_title(f"{mode} (bs={q}, {n_of[q]} prompts)")
+        ax.set_title(f"{mode} (bs={q}, {int(main.n.iloc[0])} prompts)")
         ax.grid(alpha=0.3)
         ax.margins(0.15)
-        ax._pts = pts
     fig.suptitle(title + "\nfilled: CSpD (blue), DiSA and DiSA + CSpD (orange); open grey: the target alone with as many forwards")
     fig.tight_layout()
     fig.canvas.draw()
-    for ax in axes[0]:
-        xs, ys, texts = zip(*ax._pts)
+    for ax, pts in labels.items():
+        xs, ys, texts = zip(*pts)
         place_labels(ax, list(xs), list(ys), list(texts))
     fig.savefig(path, dpi=DPI)
     plt.close(fig)

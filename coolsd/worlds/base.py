@@ -37,6 +37,7 @@ from coolsd.engine.decoding.lantern import CodebookNeighbours
 from coolsd.engine.decoding.rng import PerSampleRNG
 from coolsd.engine.drafting import SamplingConfig, build_drafter
 from coolsd.engine.loop import speculative_generate
+from coolsd.engine.continuous.flow import FlowConfig
 from coolsd.engine.methods import build_method
 from coolsd.engine.timing import device_sync
 from coolsd.prompts import load_prompts, prompt_file_dataset
@@ -400,7 +401,7 @@ class ContinuousWorld(World):
         head = dataclasses.asdict(self.head)
         if head.get("sampler") == "ddpm" and head.get("eta") == 0:
             del head["sampler"], head["eta"]
-        late = ("anneal", "lower_steps") + (("num_iter",) if hasattr(self.head, "unit_for") else ())
+        late = ("anneal", "lower_steps") + (("num_iter",) if isinstance(self.head, FlowConfig) else ())
         return {"head": {k: v for k, v in head.items() if not (k in late and v is None)}}
 
     def build_method(self, name: str, params: dict, tree="chain", draft_length=None):
@@ -417,7 +418,7 @@ class ContinuousWorld(World):
         try:
             head = method.head_config(self.head)
             c = self.target.config
-            if hasattr(head, "unit_for"):
+            if isinstance(head, FlowConfig):
                 head.unit_for(c.cell_len, c.n_cells)
             elif getattr(method, "num_iter", None) is not None and method.num_iter > c.seq_len:
                 # the method's steps (a target's own head.num_iter, upstream's config, may exceed its tokens:

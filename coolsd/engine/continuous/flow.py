@@ -109,15 +109,19 @@ class FlowConfig:
                 raise ValueError(f"num_iter={self.num_iter} and unit={self.unit} both set a flow model's AR steps: "
                                  "give one")
 
+    @staticmethod
+    def num_iters(cell_len: int, n_cells: int) -> list[int]:
+        """The AR step counts a flow model can take, ascending: tokens / u for each unit u dividing the
+        cell (units never span cells)."""
+        return [cell_len * n_cells // u for u in range(cell_len, 0, -1) if cell_len % u == 0]
+
     def unit_for(self, cell_len: int, n_cells: int) -> int:
-        """Tokens per AR step; ``num_iter`` AR steps over ``n_cells`` cells must give a unit that divides
-        the cell (units never span cells)."""
+        """Tokens per AR step; ``num_iter`` must be one of ``num_iters``."""
         if self.num_iter is not None:
-            L = cell_len * n_cells
-            if L % self.num_iter or cell_len % (L // self.num_iter):
-                valid = ", ".join(str(L // u) for u in range(cell_len, 0, -1) if cell_len % u == 0)
+            L, valid = cell_len * n_cells, self.num_iters(cell_len, n_cells)
+            if self.num_iter not in valid:
                 raise ValueError(f"num_iter {self.num_iter}: {L} tokens in AR steps of a whole divisor of the "
-                                 f"{cell_len}-token cell need num_iter in {{{valid}}}")
+                                 f"{cell_len}-token cell need num_iter in {{{', '.join(map(str, valid))}}}")
             return L // self.num_iter
         u = cell_len if self.unit is None else int(self.unit)
         if cell_len % u:
