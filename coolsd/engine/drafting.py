@@ -162,6 +162,7 @@ class ModelDrafter:
         # (B, n_d, V) and the drafter's outputs there (B, n_d, H), the root's level first
         probs = self.sampling.probs(root_logits).unsqueeze(1)
         hidden = None if root_hidden is None else root_hidden.unsqueeze(1)
+        positions = (length - 1).unsqueeze(1) + tree.depth.unsqueeze(0)  # (B, n+1): every node's, once
         forwarded: tuple[int, ...] = ()  # levels of the pending tree entries, in cache order
         for d in range(depth_to_draft):
             draw = tree.drafting_plan[d]
@@ -180,8 +181,7 @@ class ModelDrafter:
             attend = masks[len(forwarded) - 1]
             feats = None if hidden is None else draw.parents_of(draw.pick(hidden))
             at = draw.children
-            pos = (length - 1).unsqueeze(1) + tree.depth[at].unsqueeze(0)
-            step = self.model.forward(tokens[:, at], pos, attend, feats)
+            step = self.model.forward(tokens[:, at], positions[:, at], attend, feats)
             probs = self.sampling.probs(step.logits)
             hidden = step.hidden
         return tokens, q, length

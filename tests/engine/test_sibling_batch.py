@@ -1,10 +1,12 @@
-"""``verify_tree`` verifies a depth's siblings in one pass for every rule whose step is the base
-class's (``Rule.siblings_in_batch``): the residual chain the siblings would walk if each were
-rejected is computed first, and the depth's outcome read off all siblings at once
-(docs/methods.md#13-verification-at-one-tree-depth-d). It must be the sibling-by-sibling walk bit
-for bit: same paths, same emitted tokens, the same emitted distribution to the last bit. Each rule
-is compared with a copy of itself whose class redefines ``step`` as the base class's, which sends
-``verify_tree`` down the sibling-by-sibling walk.
+"""``verify_tree`` walks every node's children at once (docs/methods.md#13-verification-at-one-tree-depth-d):
+each node with children walks its residual chain over its children rank by rank, whether or not the
+walk reaches it, the accepted path follows each node's accepted child from the root, and a rule
+whose step is the base class's (``Rule.siblings_in_batch``) reads a node's outcome off all its
+children after the chain. It must be the walk of the docs, depth by depth and sibling by sibling,
+bit for bit: same paths, same emitted tokens, the same emitted distribution to the last bit, the
+same choices. The walk of the docs is written out here (``sibling_walk``), and every rule goes
+through ``verify_tree`` both as it is and as a copy whose class redefines ``step`` (the base
+class's, called), which sends it down the one-by-one branch.
 
 Inputs: small vocabularies with zeros in q (draft tokens q cannot draw and duplicate siblings are
 skipped), per-sample depth caps and room, and every registered rule class."""
@@ -13,8 +15,9 @@ import torch
 
 from coolsd.engine.decoding.lantern import neighbours_from_codebook
 from coolsd.engine.decoding.rules import BudgetRule, ExactRule, GroupRule, LanternRule, Rule, ScaledRule
+from coolsd.engine.decoding.sampling import normalize, sample_inverse_cdf
 from coolsd.engine.decoding.trees import make_tree
-from coolsd.engine.decoding.verify import verify_tree
+from coolsd.engine.decoding.verify import Verdict, verify_tree
 
 V, B = 7, 64
 NB = neighbours_from_codebook(torch.randn(V, 3, generator=torch.Generator().manual_seed(3), dtype=torch.float64))
@@ -27,7 +30,47 @@ RULES = {
     "budget_kl": lambda: BudgetRule(0.3),
     "budget_tv": lambda: BudgetRule(0.5, cost="tv"),
     "lantern_gstar": lambda: LanternRule(NB, 2, lam=2.0, resample="gstar"),
+    "lantern_own": lambda: LanternRule(NB, 2, lam=2.0),
 }
+
+
+def sibling_walk(p, q, tokens, tree, rule, u_accept, u_emit, max_depth, emit_allowed_after=None) -> Verdict:
+    """docs/methods.md#13-verification-at-one-tree-depth-d as written: depth by depth below the
+    accepted prefix, each sample's children of the accepted node in rank order through
+    ``rule.step``, the residual advancing past each verified child that is rejected."""
+    B, _, V = p.shape
+    ar = torch.arange(B)
+    node, p_res, D = torch.zeros(B, dtype=torch.long), p[:, 0], tree.max_depth
+    searching = max_depth > 0
+    chain = D > 0 and tree.max_children == 1
+    choices = rule.choose(p[:, :D], q[:, 1 : D + 1]) if rule.chooses and chain else None
+    path = []
+    for d in range(1, D + 1):
+        kids = tree.children[node]  # (B, max_children), -1 where absent
+        p_node, open_ = p[ar, node], searching.clone()
+        for r in range(tree.max_children):
+            c = kids[:, r].clamp(min=0)
+            x, qj = tokens[ar, c], q[ar, c]
+            verified = (kids[:, r] >= 0) & (qj[ar, x] > 0)
+            live = open_ & verified
+            if not rule.chooses:
+                f, residual = rule.step(p_res, qj, x, d)
+            else:
+                f, residual = rule.step(p_res, qj, x, d, choices[:, d - 1] if chain else rule.choose(p_res, qj))
+            acc = live & (u_accept[ar, c] < f)
+            p_res = torch.where((live ^ acc).unsqueeze(-1), normalize(residual, p_node), p_res)
+            open_ = open_ ^ acc
+            node = torch.where(acc, c, node)
+        found = searching ^ open_
+        p_res = torch.where(found.unsqueeze(-1), p[ar, node], p_res)
+        path.append(torch.where(found, node, -1))
+        searching = found & (max_depth > d)
+    path = torch.stack(path, 1) if D else torch.empty(B, 0, dtype=torch.long)
+    n_acc = (path >= 0).sum(1)
+    emitted = sample_inverse_cdf(p_res, u_emit)
+    if emit_allowed_after is not None:
+        emitted = torch.where(n_acc < emit_allowed_after, emitted, -1)
+    return Verdict(path, n_acc, emitted, p_res, choices)
 
 
 def _walked(rule: Rule) -> Rule:
@@ -59,21 +102,58 @@ def _round(tree_name: str, seed: int):
 
 @pytest.mark.parametrize("tree_name", ["mc_sim_7b_63", "naive_extend_57", "chain"])
 @pytest.mark.parametrize("name", list(RULES))
-def test_a_depth_verified_in_one_pass_is_the_sibling_walk_bit_for_bit(name, tree_name):
-    rule = RULES[name]()
-    assert rule.siblings_in_batch and not _walked(rule).siblings_in_batch
+def test_every_node_walked_at_once_is_the_sibling_walk_bit_for_bit(name, tree_name):
     accepted = 0
     for seed in range(3):
         p, q, tokens, tree, u_accept, u_emit, max_depth, room = _round(tree_name, seed)
-        one = verify_tree(p, q, tokens, tree, rule, u_accept, u_emit, max_depth, emit_allowed_after=room)
-        walk = verify_tree(p, q, tokens, tree, _walked(rule), u_accept, u_emit, max_depth, emit_allowed_after=room)
-        assert torch.equal(one.path, walk.path), (seed, one.path, walk.path)
-        assert torch.equal(one.n_accepted, walk.n_accepted) and torch.equal(one.emitted, walk.emitted)
-        assert torch.equal(one.emit_probs, walk.emit_probs)
-        accepted += int(one.n_accepted.sum())
+        ref = sibling_walk(p, q, tokens, tree, RULES[name](), u_accept, u_emit, max_depth, emit_allowed_after=room)
+        rules = [RULES[name]()]
+        if rules[0].siblings_in_batch:
+            rules.append(_walked(RULES[name]()))
+            assert not rules[1].siblings_in_batch
+        for rule in rules:
+            got = verify_tree(p, q, tokens, tree, rule, u_accept, u_emit, max_depth, emit_allowed_after=room)
+            assert torch.equal(got.path, ref.path), (seed, got.path, ref.path)
+            assert torch.equal(got.n_accepted, ref.n_accepted) and torch.equal(got.emitted, ref.emitted)
+            assert torch.equal(got.emit_probs, ref.emit_probs)
+            assert (got.choices is None) == (ref.choices is None)
+            assert got.choices is None or torch.equal(got.choices, ref.choices)
+        accepted += int(ref.n_accepted.sum())
     assert accepted > 0  # the inputs reach past the first sibling
 
 
 def test_a_rule_with_its_own_step_is_walked_sibling_by_sibling():
     assert not LanternRule(NB, 2, lam=2.0).siblings_in_batch  # its residual depends on the draft
     assert LanternRule(NB, 2, lam=2.0, resample="gstar").siblings_in_batch
+
+
+def test_rules_that_ignore_their_depth_verify_all_nodes_in_one_call(monkeypatch):
+    """``Rule.reads_depth``: an exact rule is asked once for every node's rows; a subclass with
+    its own numerator (which may read the depth) once per depth; ScaledRule's rows take each
+    row's omega_d in one pass, bit for bit its per-depth products."""
+    calls = []
+    base = Rule.accepted
+
+    def counted(self, p_res, q, depth):
+        calls.append(depth)
+        return base(self, p_res, q, depth)
+
+    monkeypatch.setattr(Rule, "accepted", counted)
+
+    class OwnNumerator(ExactRule):
+        def numerator(self, p_res, depth):
+            return p_res
+
+    p, q, tokens, tree, u_accept, u_emit, max_depth, room = _round("mc_sim_7b_63", 0)
+    exact = verify_tree(p, q, tokens, tree, ExactRule(), u_accept, u_emit, max_depth)
+    assert len(calls) == tree.max_children  # one call a rank
+    calls.clear()
+    own = verify_tree(p, q, tokens, tree, OwnNumerator(), u_accept, u_emit, max_depth)
+    assert len(calls) == tree.max_children * len(set(tree.expanded_depths))
+    assert torch.equal(own.emit_probs, exact.emit_probs) and torch.equal(own.path, exact.path)
+    rule = ScaledRule(torch.tensor([3.0, 2.0, 1.5, 1.2, 1.0]))
+    rows = p[:, tree.expanded].float()
+    qr = q[:, tree.expanded_children[0]].float()
+    one = rule.accepted_rows(rows, qr, tree.expanded_depths)
+    by_depth = torch.stack([rule.accepted(rows[:, e], qr[:, e], d) for e, d in enumerate(tree.expanded_depths)], 1)
+    assert torch.equal(one, by_depth)

@@ -64,6 +64,16 @@ def take(v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return v.gather(-1, x.unsqueeze(-1)).squeeze(-1)
 
 
+def depth_runs(depths: tuple) -> list:
+    """(slice, depth) for each run of equal values in ``depths`` (host ints)."""
+    runs, start = [], 0
+    for i in range(1, len(depths) + 1):
+        if i == len(depths) or depths[i] != depths[start]:
+            runs.append((slice(start, i), depths[start]))
+            start = i
+    return runs
+
+
 class Rule:
     """Base: subclasses define the acceptance numerator a_j(.) over the whole vocabulary; every
     other fact defaults to the G* form derived from it (module docstring).
@@ -110,6 +120,40 @@ class Rule:
     def is_exact(self, depth: int) -> bool:
         """Whether the rule emits p itself at a chain node of ``depth`` (lossless there)."""
         return False
+
+    # ``verify_tree`` walks the residual chains of every node with children at once: rows (B, N, V)
+    # whose n-th row verifies children at depth ``depths[n]`` (host ints, ascending). A rule that
+    # reads its depth is called once per run of equal depths (``depth_runs``), one that does not
+    # (``reads_depth`` False) once for all rows, each call on rows (B', V) as ``step`` and
+    # ``accepted`` are documented; ``ScaledRule`` overrides ``accepted_rows`` with every row's
+    # omega_d in one pass.
+    @property
+    def reads_depth(self) -> bool:
+        """Whether ``accepted`` or ``step`` read their ``depth``: True unless a class says otherwise
+        of its own definitions."""
+        return True
+
+    def accepted_rows(self, p_res, q, depths: tuple, choice: Optional[torch.Tensor] = None):
+        """``accepted`` over rows (B, N, V) at depths ``depths`` (N host ints); ``choice`` (B, N)."""
+        if choice is None:
+            return self._by_depth(lambda d, p, qq: (self.accepted(p, qq, d),), depths, p_res, q)[0]
+        return self._by_depth(lambda d, p, qq, c: (self.accepted(p, qq, d, c),), depths, p_res, q, choice)[0]
+
+    def step_rows(self, p_res, q, x, depths: tuple, choice: Optional[torch.Tensor] = None):
+        """``step`` over rows (B, N, V) at depths ``depths``, x (B, N): (f (B, N), residual (B, N, V))."""
+        if choice is None:
+            return self._by_depth(lambda d, p, qq, xx: self.step(p, qq, xx, d), depths, p_res, q, x)
+        return self._by_depth(lambda d, p, qq, xx, c: self.step(p, qq, xx, d, c), depths, p_res, q, x, choice)
+
+    def _by_depth(self, fn, depths: tuple, *rows: torch.Tensor) -> tuple:
+        """``fn(depth, *rows)`` on each run of equal depths (every row at once where the rule does
+        not read its depth), each of ``rows`` (B, N, ...) handed over as (B * n, ...); its outputs,
+        each (B * n, ...), back as (B, N, ...)."""
+        B = rows[0].shape[0]
+        runs = depth_runs(depths) if self.reads_depth else [(slice(None), depths[0])]
+        parts = [[o.view(B, -1, *o.shape[1:]) for o in fn(d, *(t[:, s].reshape(-1, *t.shape[2:]) for t in rows))]
+                 for s, d in runs]
+        return tuple(o[0] if len(parts) == 1 else torch.cat(o, 1) for o in zip(*parts))
 
     @property
     def siblings_in_batch(self) -> bool:
@@ -190,6 +234,10 @@ class ExactRule(Rule):
     def is_exact(self, depth):  # a = p: pi = p at every depth (formula (2) would leave rounding residue)
         return self._inherits(ExactRule, "numerator", "accepted", "residual")
 
+    @property
+    def reads_depth(self):
+        return not self._inherits(ExactRule, "numerator", "accepted", "step")
+
 
 class ScaledRule(Rule):
     """a_j = omega_d * p_res: UniformRSD (omega constant) and COOL-SD (annealed omega)."""
@@ -209,6 +257,18 @@ class ScaledRule(Rule):
 
     def is_exact(self, depth):  # omega_d = 1: a = p
         return self.weight(depth) == 1.0 and self._inherits(ScaledRule, "numerator", "accepted", "residual")
+
+    def accepted_rows(self, p_res, q, depths, choice=None):
+        """min(q, omega_d p_res) with each row's omega_d, in one pass (the same product, to the last
+        bit, as ``numerator`` takes with omega_d a host float: both round omega_d to p_res's dtype)."""
+        if not self._inherits(ScaledRule, "numerator", "accepted"):
+            return super().accepted_rows(p_res, q, depths, choice)
+        at = [min(d, len(self.weights)) - 1 for d in depths]  # ``weight``'s index
+        if len(set(at)) == 1:
+            return self.accepted(p_res, q, depths[0])
+        # the rows' weights from the held tensor (views stacked: one kernel, nothing lifted from host data)
+        w = torch.stack([self.omega[i] for i in at]).to(p_res.dtype).unsqueeze(-1)
+        return torch.minimum(q, w * p_res)
 
     def emitted_depths(self, p, q, choices=None):
         """Cheap rows: every depth at once, omega_d broadcast over the batch (formula (2) with
@@ -256,6 +316,10 @@ class LanternRule(Rule):
         zero = torch.zeros_like(q, dtype=torch.bool).scatter_(-1, self.nb_k1[x], True)
         q_mod = torch.where(zero & relaxed.unsqueeze(-1), torch.zeros_like(q), q)
         return f, torch.clamp(p_res - q_mod, min=0.0)
+
+    @property
+    def reads_depth(self):
+        return not self._inherits(LanternRule, "numerator", "accepted", "step")
 
     @property
     def siblings_in_batch(self) -> bool:
@@ -371,6 +435,10 @@ class GroupRule(Rule):
 
     def residual(self, p_res: torch.Tensor, q: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
         return torch.clamp(p_res - (accepted if self.resample == "gstar" else q.to(p_res.dtype)), min=0.0)
+
+    @property
+    def reads_depth(self):
+        return not self._inherits(GroupRule, "accepted", "step")
 
     def describe(self):
         return {"rule": self.name, "size": self.size, "p_thr": self.p_thr, "resample": self.resample}
@@ -538,6 +606,10 @@ class BudgetRule(Rule):
 
     def is_exact(self, depth):
         return self.price is None and self._inherits(BudgetRule, "accepted", "residual")
+
+    @property
+    def reads_depth(self):
+        return not self._inherits(BudgetRule, "accepted", "step")
 
     def describe(self):
         """The rule as configured (the starting price): what a run's identity binds; the price each

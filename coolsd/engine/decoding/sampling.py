@@ -51,7 +51,7 @@ def normalize(v: torch.Tensor, fallback: torch.Tensor | float) -> torch.Tensor:
     return torch.where(s > _TINY, v / s, fallback)
 
 
-def sample_inverse_cdf(probs: torch.Tensor, u: torch.Tensor | float) -> torch.Tensor:
+def sample_inverse_cdf(probs: torch.Tensor, u: torch.Tensor | float, zero: torch.Tensor | None = None) -> torch.Tensor:
     """Draw one token per row of ``probs`` (..., V) using uniforms ``u`` (...,) in [0, 1).
 
     Zero-probability tokens are never returned (right-continuous inverse CDF): the token is the
@@ -59,12 +59,13 @@ def sample_inverse_cdf(probs: torch.Tensor, u: torch.Tensor | float) -> torch.Te
     total itself, where no cdf value exceeds it: the target is then the largest float below the
     total, which gives the first token at which the cdf reaches its total (the last token with mass,
     unless masses too small to change the float sum follow it). A row without mass gives the last
-    token (never verified: its q is 0). Six kernels, no flip of the row.
+    token (never verified: its q is 0). Six kernels, no flip of the row; five where the caller
+    hands over ``zero``, a 0-dim zero of the dtype and device (made once by a caller drawing often).
     """
     cdf = probs.cumsum(-1)
     total = cdf[..., -1:]
     u = u.unsqueeze(-1) if isinstance(u, torch.Tensor) else u  # (...,) or one number for every row
-    target = torch.minimum(u * total, torch.nextafter(total, total.new_zeros(())))
+    target = torch.minimum(u * total, torch.nextafter(total, total.new_zeros(()) if zero is None else zero))
     idx = torch.searchsorted(cdf.contiguous(), target.contiguous(), right=True).squeeze(-1)
     return idx.clamp_(max=probs.shape[-1] - 1)
 
@@ -111,9 +112,10 @@ def sample_without_replacement(
     beyond the support get an all-zero conditional and must be skipped.
     """
     rest, tokens, rests = probs, [], []
+    zero = probs.new_zeros(()) if k > 1 else None
     for j in range(k):
         rests.append(rest)
-        x = sample_inverse_cdf(rest, u[..., j])
+        x = sample_inverse_cdf(rest, u[..., j], zero)
         tokens.append(x)
         if j + 1 < k:
             rest = rest.scatter(-1, x.unsqueeze(-1), 0.0)

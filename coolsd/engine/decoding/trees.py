@@ -29,6 +29,13 @@ class Tree:
     rank: torch.Tensor  # (n+1,) long, sample index at the parent
     children: torch.Tensor  # (n+1, max_children) long, -1 padded, rank order
     ancestors: torch.Tensor  # (n+1, n+1) bool, [i, j]: j is i or an ancestor of i
+    # verification's index tables over the nodes with children (``expanded_nodes``, E of them, in
+    # node order) and their children (R = max_children ranks), rank-major:
+    expanded: torch.Tensor  # (E,) long, the nodes
+    expanded_children: torch.Tensor  # (R, E) long; an absent rank holds the node's rank-0 child
+    expanded_has: torch.Tensor  # (R, E) bool, whether the rank is a child
+    expanded_depth: torch.Tensor  # (E,) long, the children's depth
+    expanded_row: torch.Tensor  # (n+1,) long, each node's row in ``expanded`` (-1: a leaf)
 
     @property
     def n_nodes(self) -> int:
@@ -62,9 +69,9 @@ class Tree:
             return self
         copies = self.__dict__.setdefault("_on_device", {})
         if device not in copies:
-            moved = dataclasses.replace(
-                self, parent=self.parent.to(device), depth=self.depth.to(device), rank=self.rank.to(device),
-                children=self.children.to(device), ancestors=self.ancestors.to(device))
+            moved = dataclasses.replace(self, **{f.name: getattr(self, f.name).to(device)
+                                                 for f in dataclasses.fields(self)
+                                                 if isinstance(getattr(self, f.name), torch.Tensor)})
             moved.__dict__.update({v: self.__dict__[v] for v in HOST_VIEWS})  # host views: the same on any device
             copies[device] = moved
         return copies[device]
@@ -140,6 +147,12 @@ class Tree:
         """level_max_children[d]: the most children a node at depth d has (verification's sibling
         loop at depth d + 1 visits that many ranks), d = 0 .. max_depth."""
         return [max((self.n_children_list[i] for i in self.levels[d]), default=0) for d in range(self.max_depth + 1)]
+
+    @functools.cached_property
+    def expanded_depths(self) -> tuple[int, ...]:
+        """The depth of each ``expanded`` row's children, host ints (ascending: nodes are ordered by
+        depth): what a rule reading its depth is told per row (``Rule.accepted_rows``)."""
+        return tuple(len(self.paths[i - 1]) + 1 if i else 1 for i in self.expanded_nodes)
 
     @functools.cached_property
     def levels(self) -> list[list[int]]:
@@ -239,7 +252,16 @@ def _compile(name: str, ps: tuple[tuple[int, ...], ...]) -> Tree:
         while j >= 0:
             ancestors[i, j] = True
             j = int(parent[j])
-    return _with_views(Tree(name, ps, parent, depth, rank, children, ancestors))
+    expanded = [i for i, k in enumerate(kids) if k]
+    exp_children = children[expanded].reshape(len(expanded), width)
+    exp_has = exp_children >= 0
+    exp_children = torch.where(exp_has, exp_children, exp_children[:, :1]).t().contiguous()
+    exp_has = exp_has.t().contiguous()
+    row = torch.full((n + 1,), -1, dtype=torch.long, device=host)
+    row[expanded] = torch.arange(len(expanded), device=host)
+    return _with_views(Tree(name, ps, parent, depth, rank, children, ancestors,
+                            torch.tensor(expanded, dtype=torch.long, device=host), exp_children, exp_has,
+                            depth[expanded] + 1, row))
 
 
 def _with_views(tree: Tree) -> Tree:
@@ -249,7 +271,7 @@ def _with_views(tree: Tree) -> Tree:
 
 
 HOST_VIEWS = ("max_depth", "n_children_list", "parent_list", "children_list", "levels", "expanded_nodes",
-              "level_max_children", "level_slices", "drafting_plan")
+              "expanded_depths", "level_max_children", "level_slices", "drafting_plan")
 
 
 def pac_tree(window: int, width: int, depth: int) -> Tree:

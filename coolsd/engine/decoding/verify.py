@@ -1,4 +1,4 @@
-"""Tree verification: recursive rejection over siblings, depth by depth (docs/methods.md#13-verification-at-one-tree-depth-d).
+"""Tree verification: recursive rejection over siblings (docs/methods.md#13-verification-at-one-tree-depth-d), every node's children at once.
 
 One function serves every discrete method; only the ``Rule`` differs. Batched over samples:
 each sample walks its own path through the same static tree.
@@ -44,87 +44,105 @@ def verify_tree(
     max_depth: (B,) nodes deeper than this are not verified (0 = plain AR step);
     emit_allowed_after: (B,) the round emits its correction/bonus token only if fewer than this
     many drafts were accepted (room left in the sequence); default: always.
+
+    The walk of docs/methods.md#13-verification-at-one-tree-depth-d, for every node at once: what
+    the walk does at a node (its children's acceptance draws, in rank order, and the residual chain
+    of their rejections) depends only on the node's own p and its children's q, tokens and uniforms,
+    not on how the walk reached it. So every node with children (``Tree.expanded``) walks its
+    children together, rank by rank (``Tree.max_children`` steps for the whole tree, each the same
+    kernels on the same rows as the node's own walk: bit for bit its p_res and f), each node's
+    accepted child (or none) is read off, and the accepted path follows those pointers from the
+    root. Nodes deeper than a sample's ``max_depth`` are never verified. No step reads the host (the
+    round's one host read is the loop's).
     """
     B, _, V = p.shape
     dev = p.device
-    ar = torch.arange(B, device=dev)
-    rows = ar.unsqueeze(1)
-    node = torch.zeros(B, dtype=torch.long, device=dev)
-    p_res = p[:, 0]
     D = tree.max_depth
-    # deep[:, d] whether depth d + 1 may be verified (one op for every depth's test)
-    deep = max_depth.unsqueeze(1) > torch.arange(D, device=dev) if D else None
-    searching = deep[:, 0] if D else None
-    path = []
-    # a rule that chooses each node's relaxation from the node's (p_res, q) (``Rule.chooses``)
-    # chooses a chain's nodes in one call: on a chain a live sample's p_res at depth d is p at
-    # node d - 1 and its draft is node d (node j at depth j); elsewhere sibling by sibling
-    chain, chooses = D > 0 and tree.max_children == 1, rule.chooses
-    choices = rule.choose(p[:, :D], q[:, 1 : D + 1]) if chooses and chain else None
-    # no early exit reads the host: every depth is walked, over the most children a node at the
-    # depth above has (host-known from the static tree), dead samples masked (the round's one host
-    # read is the loop's). What a depth's siblings need that does not change while they are walked
-    # (their nodes, tokens, draft rows, uniforms, whether each is verified at all) is gathered once
-    # a depth; the sibling steps read views of it.
-    # a rule whose step is the base class's (``Rule.siblings_in_batch``) takes the per-depth form
-    # below: the residual chain a depth's siblings would walk if every one were rejected does not
-    # depend on the draws, so it is computed first (a few ops a sibling, in the same order and with
-    # the same kernels as the sibling-by-sibling walk: bit for bit the same p_res and f), and the
-    # depth's accept / reject outcome is then read off all siblings at once (the first verified
-    # sibling with u < f). A rule whose step depends on the draft (LANTERN's own resampling) walks
-    # the siblings one by one.
-    batched = rule.siblings_in_batch
-    for d in range(1, D + 1):
-        R = tree.level_max_children[d - 1]
-        kids = tree.children[node, :R]  # (B, R); -1 where the node has fewer children
-        has = kids >= 0
-        c = kids.clamp(min=0)  # where there is no such child: the root, never live
-        x = torch.where(has, tokens.gather(1, c), 0)  # (the root's token may be no vocabulary id)
-        qj = q[rows, c]  # (B, R, V)
-        u = u_accept.gather(1, c)
-        qx = qj.gather(-1, x.unsqueeze(-1)).squeeze(-1)  # (B, R): q_j(x_j)
-        # duplicates and q_j(x_j) <= 0 are skipped (docs/methods.md#13-verification-at-one-tree-depth-d)
-        verified = has & (qx > 0)
-        p_node = p[ar, node]  # an empty residual falls back to p at this node
-        if batched:
-            verified = verified & searching.unsqueeze(1)  # a sample that stopped keeps its p_res
-            walk, a_x = p_res, []
-            for r in range(R):
-                choice = None if not chooses else choices[:, d - 1] if chain else rule.choose(walk, qj[:, r])
-                acc_r = rule.accepted(walk, qj[:, r], d) if choice is None else \
-                    rule.accepted(walk, qj[:, r], d, choice)
-                a_x.append(take(acc_r, x[:, r]))
-                rejected = normalize(rule.residual(walk, qj[:, r], acc_r), p_node)
-                walk = torch.where(verified[:, r].unsqueeze(-1), rejected, walk)
-            # f = min(1, a / q) where q > 0: for the verified siblings (q > 0) and u < 1, u < a / q
-            # decides as u < f does (the sibling walk's ``acceptance_prob``)
-            hit = verified & (u < torch.stack(a_x, 1) / qx)  # (B, R); the first hit is the accepted sibling
-            found = hit.any(1)
-            first = hit.to(torch.int8).argmax(1, keepdim=True)
-            node = torch.where(found, c.gather(1, first).squeeze(1), node)
-            p_res = torch.where(found.unsqueeze(-1), p[ar, node], walk)
-        else:
-            open_ = searching  # still looking for an accepted sibling at this depth
-            for r in range(R):
-                live = open_ & verified[:, r]
-                if not chooses:
-                    f, residual = rule.step(p_res, qj[:, r], x[:, r], d)
-                else:
-                    f, residual = rule.step(p_res, qj[:, r], x[:, r], d,
-                                            choices[:, d - 1] if chain else rule.choose(p_res, qj[:, r]))
-                acc = live & (u[:, r] < f)
-                # acc is within live, and live within open_: ``^`` removes it
-                p_res = torch.where((live ^ acc).unsqueeze(-1), normalize(residual, p_node), p_res)
-                open_ = open_ ^ acc
-                node = torch.where(acc, c[:, r], node)
-            found = searching ^ open_
-            p_res = torch.where(found.unsqueeze(-1), p[ar, node], p_res)
-        path.append(torch.where(found, node, -1))
-        if d < D:
-            searching = found & deep[:, d]
-    path = torch.stack(path, 1) if D else torch.empty(B, 0, dtype=torch.long, device=dev)
-    n_acc = (path >= 0).sum(1) if D else torch.zeros(B, dtype=torch.long, device=dev)
+    if not D:  # a plain AR step: the token is drawn from p at the root
+        p_res = p[:, 0]
+        emitted = sample_inverse_cdf(p_res, u_emit)
+        n_acc = torch.zeros(B, dtype=torch.long, device=dev)
+        if emit_allowed_after is not None:
+            emitted = torch.where(n_acc < emit_allowed_after, emitted, torch.full_like(emitted, -1))
+        return Verdict(torch.empty(B, 0, dtype=torch.long, device=dev), n_acc, emitted, p_res, None)
+    R, E = tree.expanded_children.shape
+    kids = tree.expanded_children  # (R, E), rank-major: an absent rank holds a real child (never verified)
+    flat = kids.view(1, R * E).expand(B, -1)
+    x = tokens.gather(1, flat).view(B, R, E)
+    qj = q[:, kids]  # (B, R, E, V)
+    u = u_accept.gather(1, flat).view(B, R, E)
+    qx = qj.gather(-1, x.unsqueeze(-1)).squeeze(-1)  # (B, R, E): q_j(x_j)
+    # duplicates and q_j(x_j) <= 0 are skipped (docs/methods.md#13-verification-at-one-tree-depth-d),
+    # and so are children deeper than the sample's max_depth
+    verified = tree.expanded_has & (qx > 0) & (max_depth.view(B, 1, 1) >= tree.expanded_depth)
+    p_node = p[:, tree.expanded]  # (B, E, V): each node's p, where its walk starts (and the
+    # fallback of an empty residual)
+    depths, chooses = tree.expanded_depths, rule.chooses
+    chain = tree.max_children == 1  # a chain's choices go to the signals (``Verdict.choices``)
+    walk, choices = p_node, None
+    if rule.siblings_in_batch:
+        # the residual chain each node's children would walk if every one were rejected does not
+        # depend on the draws; the node's outcome is then read off all its children at once (the
+        # first verified child with u < f)
+        a_x = []
+        for r in range(R):
+            qr = qj[:, r]
+            choice = rule.choose(walk, qr) if chooses else None
+            choices = choice if chain else None
+            acc_r = rule.accepted_rows(walk, qr, depths, choice)
+            a_x.append(take(acc_r, x[:, r]))
+            rejected = normalize(rule.residual(walk, qr, acc_r), p_node)
+            walk = torch.where(verified[:, r].unsqueeze(-1), rejected, walk)
+        # f = min(1, a / q) where q > 0: for the verified children (q > 0) and u < 1, u < a / q
+        # decides as u < f does (the sibling walk's ``acceptance_prob``)
+        hit = verified & (u < torch.stack(a_x, 1) / qx)  # (B, R, E)
+        found = hit.any(1)
+        first = hit.to(torch.int8).argmax(1, keepdim=True)
+        child = torch.where(found, kids.expand(B, R, E).gather(1, first).squeeze(1), -1)
+    else:
+        # a rule whose residual depends on the rejected draft: each node's children one by one,
+        # the chain advancing only past a verified child that is rejected
+        child = torch.full((B, E), -1, dtype=torch.long, device=dev)
+        for r in range(R):
+            qr = qj[:, r]
+            choice = rule.choose(walk, qr) if chooses else None
+            choices = choice if chain else None
+            f, residual = rule.step_rows(walk, qr, x[:, r], depths, choice)
+            live = verified[:, r] & (child < 0)
+            acc = live & (u[:, r] < f)
+            walk = torch.where((live ^ acc).unsqueeze(-1), normalize(residual, p_node), walk)
+            child = torch.where(acc, kids[r], child)
+    path, n_acc, last = _accepted_path(tree, child)
+    # the round ends at the path's last node: p there if none of its children was verified (a
+    # leaf, or below the sample's max_depth), else the residual its rejected children left
+    row = tree.expanded_row[last]
+    at = torch.arange(B, device=dev)
+    p_res = torch.where((row >= 0).unsqueeze(-1), walk[at, row.clamp(min=0)], p[at, last])
     emitted = sample_inverse_cdf(p_res, u_emit)
     if emit_allowed_after is not None:
         emitted = torch.where(n_acc < emit_allowed_after, emitted, torch.full_like(emitted, -1))
     return Verdict(path, n_acc, emitted, p_res, choices)
+
+
+def _accepted_path(tree: Tree, child: torch.Tensor) -> tuple:
+    """(path (B, D), n_accepted (B,), the last node of the path (B,): the root where none) from
+    each expanded node's accepted child ``child`` (B, E), -1 where none: from the root, the accepted
+    child of the node accepted one depth above, while there is one. On a chain (node d at depth d)
+    the path is the run of acceptances from the root; on a tree, D - 1 pointer steps."""
+    B, D = child.shape[0], tree.max_depth
+    if tree.max_children == 1:
+        ok = (child >= 0).cumprod(1).bool()  # (B, D): depth d + 1 accepted, and every depth above
+        path = torch.where(ok, child, -1)
+    else:
+        # nxt[b, i]: node i's accepted child, and -1 -> the last column, which points to itself
+        n1 = tree.parent.shape[0]
+        nxt = torch.full((B, n1 + 1), n1, dtype=torch.long, device=child.device)
+        nxt[:, tree.expanded] = torch.where(child >= 0, child, n1)
+        steps = [nxt[:, 0]]
+        for _ in range(D - 1):
+            steps.append(nxt.gather(1, steps[-1].unsqueeze(1)).squeeze(1))
+        path = torch.stack(steps, 1)
+        path = torch.where(path < n1, path, -1)
+    n_acc = (path >= 0).sum(1)
+    # nodes are numbered by depth, so the path's last node is its largest
+    return path, n_acc, path.amax(1).clamp(min=0)

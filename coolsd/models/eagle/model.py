@@ -161,8 +161,8 @@ class EagleAttention(nn.Module):
     def forward(self, x: torch.Tensor, rot, attn: AttnFn) -> torch.Tensor:
         B, m, H = x.shape
         shape = (B, m, self.n_head, self.head_dim)
-        q = apply_rope(self.q_proj(x).view(shape), rot)
-        k = apply_rope(self.k_proj(x).view(shape), rot)
+        # q and k rotated together: one pass, the same per-pair product
+        q, k = apply_rope(torch.cat([self.q_proj(x).view(shape), self.k_proj(x).view(shape)], 2), rot).chunk(2, 2)
         v = self.v_proj(x).view(shape)
         out = attn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return self.o_proj(out.transpose(1, 2).reshape(B, m, H))
