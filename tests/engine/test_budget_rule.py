@@ -66,13 +66,17 @@ def _objective_the_long_way(price, p, q):
     return torch.stack(cols, 1)
 
 
-@pytest.mark.parametrize("path", ["eager chunks", "one expression"])
+@pytest.mark.parametrize("path", ["eager chunks", "one expression", "device chunks"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_the_kl_choice_is_the_first_maximum_of_the_objective(dtype, path, monkeypatch):
-    """Both spellings of the choice: in place in reused buffers, 7 rows at a time (the last chunk
-    short), and the plain expressions compiled code and the GPU run."""
+    """Every spelling of the choice: in place in reused buffers, 7 rows at a time (the last chunk
+    short); the plain expressions compiled code runs; and those an accelerator runs eagerly, 11
+    rows at a time."""
     if path == "eager chunks":
         monkeypatch.setattr(rules, "CHOOSE_CHUNK_ELEMENTS", 7 * len(BUDGET_OMEGAS) * 30)
+    elif path == "device chunks":
+        monkeypatch.setattr(rules, "_on_host", lambda t: False)
+        monkeypatch.setattr(rules, "DEVICE_CHOOSE_CHUNK_ELEMENTS", 11 * len(BUDGET_OMEGAS) * 30)
     else:
         monkeypatch.setattr(rules, "compiling", lambda: True)
     p, q = _pairs(n=400, V=30, seed=3)
@@ -161,9 +165,9 @@ class _ChoosesInside(BudgetRule):
 
 @pytest.mark.parametrize("paths", [chain_paths(4), [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]])
 def test_verification_hands_each_node_its_own_choice(paths):
-    """``verify_tree`` chooses a chain's nodes in one call and a tree's siblings one by one
-    (``Rule.chooses``): the verdicts equal those of the rule choosing inside ``accepted`` at every
-    sibling, draw for draw, and on a chain ``Verdict.choices`` holds node d's choice at column d - 1."""
+    """``verify_tree`` chooses for every node with a child at a rank in one call, rank by rank
+    (``Rule.chooses``; a chain's nodes: one call): the verdicts equal those of the rule choosing
+    inside ``accepted`` at every sibling, draw for draw, and on a chain ``Verdict.choices`` holds node d's choice at column d - 1."""
     tree = build_tree(paths)
     B, n, V = 300, tree.n_nodes, 12
     g = torch.Generator().manual_seed(4)

@@ -34,6 +34,11 @@ RULES = {
 }
 
 
+# a node with children beside a leaf sibling, walk nodes of several depths with the same number of
+# children, a deep chain under a late sibling
+UNEVEN = [[0], [1], [2], [0, 0], [2, 0], [2, 1], [2, 1, 0], [2, 1, 0, 0], [2, 1, 1], [0, 0, 0]]
+
+
 def sibling_walk(p, q, tokens, tree, rule, u_accept, u_emit, max_depth, emit_allowed_after=None) -> Verdict:
     """docs/methods.md#13-verification-at-one-tree-depth-d as written: depth by depth below the
     accepted prefix, each sample's children of the accepted node in rank order through
@@ -85,7 +90,8 @@ def _walked(rule: Rule) -> Rule:
 
 def _round(tree_name: str, seed: int):
     g = torch.Generator().manual_seed(seed)
-    tree = make_tree(tree_name, draft_length=4) if tree_name == "chain" else make_tree(tree_name)
+    tree = make_tree(tree_name, draft_length=4) if tree_name == "chain" else \
+        make_tree(UNEVEN) if tree_name == "uneven" else make_tree(tree_name)
     n1 = tree.n_nodes + 1
     p = torch.rand(B, n1, V, generator=g, dtype=torch.float64) ** 3
     p = p / p.sum(-1, keepdim=True)
@@ -100,7 +106,7 @@ def _round(tree_name: str, seed: int):
     return p, q, tokens, tree, u_accept, u_emit, max_depth, room
 
 
-@pytest.mark.parametrize("tree_name", ["mc_sim_7b_63", "naive_extend_57", "chain"])
+@pytest.mark.parametrize("tree_name", ["mc_sim_7b_63", "naive_extend_57", "chain", "uneven"])
 @pytest.mark.parametrize("name", list(RULES))
 def test_every_node_walked_at_once_is_the_sibling_walk_bit_for_bit(name, tree_name):
     accepted = 0
@@ -149,11 +155,33 @@ def test_rules_that_ignore_their_depth_verify_all_nodes_in_one_call(monkeypatch)
     assert len(calls) == tree.max_children  # one call a rank
     calls.clear()
     own = verify_tree(p, q, tokens, tree, OwnNumerator(), u_accept, u_emit, max_depth)
-    assert len(calls) == tree.max_children * len(set(tree.expanded_depths))
+    runs = [(r, d) for r, c in enumerate(tree.walk_rank_counts) for d in _runs(tree.walk_depths[:c])]
+    assert len(calls) == len(runs) > tree.max_children  # one call a run of equal depths, rank by rank
     assert torch.equal(own.emit_probs, exact.emit_probs) and torch.equal(own.path, exact.path)
     rule = ScaledRule(torch.tensor([3.0, 2.0, 1.5, 1.2, 1.0]))
-    rows = p[:, tree.expanded].float()
-    qr = q[:, tree.expanded_children[0]].float()
-    one = rule.accepted_rows(rows, qr, tree.expanded_depths)
-    by_depth = torch.stack([rule.accepted(rows[:, e], qr[:, e], d) for e, d in enumerate(tree.expanded_depths)], 1)
+    rows = p.transpose(0, 1)[tree.walk_nodes].float()
+    qr = q.transpose(0, 1)[tree.walk_children[: rows.shape[0]]].float()
+    one = rule.accepted_rows(rows, qr, tree.walk_depths)
+    by_depth = torch.stack([rule.accepted(rows[e], qr[e], d) for e, d in enumerate(tree.walk_depths)])
     assert torch.equal(one, by_depth)
+
+
+def _runs(depths):
+    return [d for i, d in enumerate(depths) if i == 0 or depths[i - 1] != d]
+
+
+class _OwnSchedule(ScaledRule):
+    """A ScaledRule whose schedule is its own ``weight``: verified with it, not with ``omega``."""
+
+    def weight(self, depth):
+        return 1.0 + 0.5 * depth
+
+
+@pytest.mark.parametrize("tree_name", ["mc_sim_7b_63", "chain"])
+def test_a_scaled_rule_with_its_own_weight_is_verified_with_it(tree_name):
+    for seed in range(3):
+        p, q, tokens, tree, u_accept, u_emit, max_depth, room = _round(tree_name, seed)
+        rule = _OwnSchedule(torch.ones(5))
+        got = verify_tree(p, q, tokens, tree, rule, u_accept, u_emit, max_depth, emit_allowed_after=room)
+        ref = sibling_walk(p, q, tokens, tree, rule, u_accept, u_emit, max_depth, emit_allowed_after=room)
+        assert torch.equal(got.path, ref.path) and torch.equal(got.emit_probs, ref.emit_probs)

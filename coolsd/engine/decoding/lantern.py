@@ -127,14 +127,8 @@ def aggregate(
     ``p`` (B, V); ``neighbours`` (V, k); ``tokens`` (B,) to evaluate at one token per row, or
     None for every token (B, V). c_m = sum_{j<=m} p(n_j(x)); m* is the largest m <= k with
     c_m <= delta (LANTERN) or c_m <= (lam - 1) * p(x) (LANTERN++). Since c_m is non-decreasing
-    the admissible m form a prefix, so m* = their count. More leading dimensions than one (rows
-    of several tree nodes) are flattened into B.
+    the admissible m form a prefix, so m* = their count.
     """
-    if p.dim() > 2:
-        rows = p.shape[:-1]
-        out, ok = aggregate(p.reshape(-1, p.shape[-1]), neighbours, None if tokens is None else tokens.reshape(-1),
-                            lam=lam, delta=delta)
-        return out.view(*rows, *out.shape[1:]), ok.view(*rows, *ok.shape[1:])
     if tokens is None and _unroll(p, neighbours):
         return _aggregate_unrolled(p, neighbours, lam, delta)
     if tokens is None:

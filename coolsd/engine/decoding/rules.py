@@ -121,10 +121,10 @@ class Rule:
         """Whether the rule emits p itself at a chain node of ``depth`` (lossless there)."""
         return False
 
-    # ``verify_tree`` walks the residual chains of every node with children at once: rows (B, N, V)
-    # whose n-th row verifies children at depth ``depths[n]`` (host ints, ascending). A rule that
+    # ``verify_tree`` walks the residual chains of every node with children at once: rows (N, B, V)
+    # whose n-th block of B rows verifies children at depth ``depths[n]`` (host ints). A rule that
     # reads its depth is called once per run of equal depths (``depth_runs``), one that does not
-    # (``reads_depth`` False) once for all rows, each call on rows (B', V) as ``step`` and
+    # (``reads_depth`` False) once for all rows, each call on rows (N' * B, V) as ``step`` and
     # ``accepted`` are documented; ``ScaledRule`` overrides ``accepted_rows`` with every row's
     # omega_d in one pass.
     @property
@@ -134,33 +134,34 @@ class Rule:
         return True
 
     def accepted_rows(self, p_res, q, depths: tuple, choice: Optional[torch.Tensor] = None):
-        """``accepted`` over rows (B, N, V) at depths ``depths`` (N host ints); ``choice`` (B, N)."""
+        """``accepted`` over rows (N, B, V) at depths ``depths`` (N host ints); ``choice`` (N, B)."""
         if choice is None:
             return self._by_depth(lambda d, p, qq: (self.accepted(p, qq, d),), depths, p_res, q)[0]
         return self._by_depth(lambda d, p, qq, c: (self.accepted(p, qq, d, c),), depths, p_res, q, choice)[0]
 
     def step_rows(self, p_res, q, x, depths: tuple, choice: Optional[torch.Tensor] = None):
-        """``step`` over rows (B, N, V) at depths ``depths``, x (B, N): (f (B, N), residual (B, N, V))."""
+        """``step`` over rows (N, B, V) at depths ``depths``, x (N, B): (f (N, B), residual (N, B, V))."""
         if choice is None:
             return self._by_depth(lambda d, p, qq, xx: self.step(p, qq, xx, d), depths, p_res, q, x)
         return self._by_depth(lambda d, p, qq, xx, c: self.step(p, qq, xx, d, c), depths, p_res, q, x, choice)
 
     def _by_depth(self, fn, depths: tuple, *rows: torch.Tensor) -> tuple:
         """``fn(depth, *rows)`` on each run of equal depths (every row at once where the rule does
-        not read its depth), each of ``rows`` (B, N, ...) handed over as (B * n, ...); its outputs,
-        each (B * n, ...), back as (B, N, ...)."""
-        B = rows[0].shape[0]
+        not read its depth), each of ``rows`` (N, B, ...) handed over as (n * B, ...) (a view of a
+        contiguous run); its outputs, each (n * B, ...), back as (N, B, ...)."""
+        B = rows[0].shape[1]
         runs = depth_runs(depths) if self.reads_depth else [(slice(None), depths[0])]
-        parts = [[o.view(B, -1, *o.shape[1:]) for o in fn(d, *(t[:, s].reshape(-1, *t.shape[2:]) for t in rows))]
+        parts = [[o.view(-1, B, *o.shape[1:]) for o in fn(d, *(t[s].reshape(-1, *t.shape[2:]) for t in rows))]
                  for s, d in runs]
-        return tuple(o[0] if len(parts) == 1 else torch.cat(o, 1) for o in zip(*parts))
+        return tuple(o[0] if len(parts) == 1 else torch.cat(o) for o in zip(*parts))
 
     @property
     def siblings_in_batch(self) -> bool:
-        """Whether ``verify_tree`` may verify a depth's siblings in one pass: true where ``step`` is
-        this class's, i.e. f(x) and the residual come from ``accepted`` and ``residual``, which do
-        not depend on the draft (the residual chain of a depth is then the same whichever sibling
-        is accepted). A rule with its own ``step`` is walked sibling by sibling."""
+        """Whether ``verify_tree`` may decide a node's children after walking their residual chain:
+        true where ``step`` is this class's, i.e. f(x) and the residual come from ``accepted`` and
+        ``residual``, which do not depend on the draft (the chain is then the same whichever child
+        is accepted). A rule with its own ``step`` advances each node's chain only past a verified
+        child that it rejects (``verify_tree``'s second branch)."""
         return type(self).step is Rule.step
 
     def emitted(self, p: torch.Tensor, q: torch.Tensor, depth: int) -> torch.Tensor:
@@ -261,13 +262,13 @@ class ScaledRule(Rule):
     def accepted_rows(self, p_res, q, depths, choice=None):
         """min(q, omega_d p_res) with each row's omega_d, in one pass (the same product, to the last
         bit, as ``numerator`` takes with omega_d a host float: both round omega_d to p_res's dtype)."""
-        if not self._inherits(ScaledRule, "numerator", "accepted"):
+        if not self._inherits(ScaledRule, "numerator", "accepted", "weight"):
             return super().accepted_rows(p_res, q, depths, choice)
         at = [min(d, len(self.weights)) - 1 for d in depths]  # ``weight``'s index
         if len(set(at)) == 1:
             return self.accepted(p_res, q, depths[0])
         # the rows' weights from the held tensor (views stacked: one kernel, nothing lifted from host data)
-        w = torch.stack([self.omega[i] for i in at]).to(p_res.dtype).unsqueeze(-1)
+        w = torch.stack([self.omega[i] for i in at]).to(p_res.dtype).view(-1, *(1,) * (p_res.dim() - 1))
         return torch.minimum(q, w * p_res)
 
     def emitted_depths(self, p, q, choices=None):
@@ -451,6 +452,13 @@ PRICE_RANGE = (1e-4, 1e6)  # where a tuned price stays
 # eager CPU code chooses for at most this many (rows x candidates x V) elements at a time, in
 # buffers reused from call to call (``BudgetRule._workspace``): 8 MiB each in float32
 CHOOSE_CHUNK_ELEMENTS = 1 << 21
+# eager code on an accelerator chooses for at most this many at a time (512 MiB a float32
+# temporary): a tree's nodes are chosen for all at once (``verify_tree``), (nodes x batch) rows
+DEVICE_CHOOSE_CHUNK_ELEMENTS = 1 << 27
+
+
+def _on_host(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu"
 
 
 class BudgetRule(Rule):
@@ -543,9 +551,15 @@ class BudgetRule(Rule):
         z = (p_res * s).sum(-1, keepdim=True)
         ok = z > _TINY
         norm = torch.where(ok, s / torch.where(ok, z, 1.0), pos.to(p_res.dtype))  # Norm(residual) / p
-        if p_res.device.type != "cpu" or compiling():
-            return self._choose_kl(p_res, t, norm).view(shape)
         K = self.omegas.numel()
+        if compiling():
+            return self._choose_kl(p_res, t, norm).view(shape)
+        if not _on_host(p_res):
+            n = max(1, DEVICE_CHOOSE_CHUNK_ELEMENTS // (K * V))
+            if p_res.shape[0] <= n:
+                return self._choose_kl(p_res, t, norm).view(shape)
+            return torch.cat([self._choose_kl(p_res[i : i + n], t[i : i + n], norm[i : i + n])
+                              for i in range(0, p_res.shape[0], n)]).view(shape)
         n = min(p_res.shape[0], max(1, CHOOSE_CHUNK_ELEMENTS // (K * V)))
         bufs = self._workspace(n, K, V, p_res.dtype)
         return torch.cat([self._choose_kl(p_res[i : i + n], t[i : i + n], norm[i : i + n], bufs)

@@ -29,13 +29,17 @@ class Tree:
     rank: torch.Tensor  # (n+1,) long, sample index at the parent
     children: torch.Tensor  # (n+1, max_children) long, -1 padded, rank order
     ancestors: torch.Tensor  # (n+1, n+1) bool, [i, j]: j is i or an ancestor of i
-    # verification's index tables over the nodes with children (``expanded_nodes``, E of them, in
-    # node order) and their children (R = max_children ranks), rank-major:
-    expanded: torch.Tensor  # (E,) long, the nodes
-    expanded_children: torch.Tensor  # (R, E) long; an absent rank holds the node's rank-0 child
-    expanded_has: torch.Tensor  # (R, E) bool, whether the rank is a child
-    expanded_depth: torch.Tensor  # (E,) long, the children's depth
-    expanded_row: torch.Tensor  # (n+1,) long, each node's row in ``expanded`` (-1: a leaf)
+    # verification's index tables (``verify_tree``). Its rows are the nodes with children, most
+    # children first (ties in node order): the E "walk nodes". Rank r's children are then those of
+    # the first ``walk_rank_counts[r]`` walk nodes, and every drafted node is the child of exactly
+    # one walk node at one rank: the n "walk children", rank by rank (rank-major).
+    walk_nodes: torch.Tensor  # (E,) long
+    walk_row: torch.Tensor  # (n+1,) long: each node's row among the walk nodes (-1: a leaf)
+    walk_children: torch.Tensor  # (n,) long: the drafted nodes, rank-major
+    walk_child_depth: torch.Tensor  # (n,) long: their depths
+    walk_child_row: torch.Tensor  # (n,) long: their parents' rows
+    walk_child_rank: torch.Tensor  # (n,) long: their ranks
+    walk_rank_children: torch.Tensor  # (R + 1, E) long: [r, e] the rank-r child of row e (-1: none; row R: -1)
 
     @property
     def n_nodes(self) -> int:
@@ -144,15 +148,22 @@ class Tree:
 
     @functools.cached_property
     def level_max_children(self) -> list[int]:
-        """level_max_children[d]: the most children a node at depth d has (verification's sibling
-        loop at depth d + 1 visits that many ranks), d = 0 .. max_depth."""
+        """level_max_children[d]: the most children a node at depth d has, d = 0 .. max_depth."""
         return [max((self.n_children_list[i] for i in self.levels[d]), default=0) for d in range(self.max_depth + 1)]
 
     @functools.cached_property
-    def expanded_depths(self) -> tuple[int, ...]:
-        """The depth of each ``expanded`` row's children, host ints (ascending: nodes are ordered by
-        depth): what a rule reading its depth is told per row (``Rule.accepted_rows``)."""
-        return tuple(len(self.paths[i - 1]) + 1 if i else 1 for i in self.expanded_nodes)
+    def walk_rank_counts(self) -> tuple[int, ...]:
+        """How many walk nodes have a child at rank r, r = 0 .. max_children - 1 (non-increasing:
+        rank r's rows are the first that many), host ints."""
+        kids = sorted((self.n_children_list[i] for i in self.expanded_nodes), reverse=True)
+        return tuple(sum(k > r for k in kids) for r in range(self.max_children)) if kids else ()
+
+    @functools.cached_property
+    def walk_depths(self) -> tuple[int, ...]:
+        """The depth of each walk node's children, host ints: what a rule reading its depth is
+        told per row (``Rule.accepted_rows``)."""
+        return tuple(len(self.paths[i - 1]) + 1 if i else 1 for i in sorted(
+            self.expanded_nodes, key=lambda i: -self.n_children_list[i]))
 
     @functools.cached_property
     def levels(self) -> list[list[int]]:
@@ -226,7 +237,11 @@ def build_tree(paths: Sequence[Sequence[int]], name: str = "custom") -> Tree:
 
 
 def _compile(name: str, ps: tuple[tuple[int, ...], ...]) -> Tree:
-    """The tree's index tensors, built on the host (``Tree.on`` moves them to a device)."""
+    """The tree's index tensors, built on the host (``Tree.on`` moves them to a device). ``ps``
+    ordered by (depth, path), as ``build_tree`` sorts them: nodes are numbered by depth, which
+    drafting's levels and verification's path (its last node is its largest) rest on."""
+    if any(len(a) > len(b) for a, b in zip(ps, ps[1:])):
+        raise ValueError(f"tree {name!r}: paths must be ordered by depth (build_tree orders them)")
     n = len(ps)
     index = {(): 0, **{p: i + 1 for i, p in enumerate(ps)}}
     host = torch.device("cpu")
@@ -252,16 +267,20 @@ def _compile(name: str, ps: tuple[tuple[int, ...], ...]) -> Tree:
         while j >= 0:
             ancestors[i, j] = True
             j = int(parent[j])
-    expanded = [i for i, k in enumerate(kids) if k]
-    exp_children = children[expanded].reshape(len(expanded), width)
-    exp_has = exp_children >= 0
-    exp_children = torch.where(exp_has, exp_children, exp_children[:, :1]).t().contiguous()
-    exp_has = exp_has.t().contiguous()
+    # the walk nodes, most children first, and their children rank by rank (the Tree fields' comments)
+    walk = sorted((i for i, k in enumerate(kids) if k), key=lambda i: -len(kids[i]))
+    ranked = [[c for _, c in sorted(kids[i])] for i in walk]
     row = torch.full((n + 1,), -1, dtype=torch.long, device=host)
-    row[expanded] = torch.arange(len(expanded), device=host)
-    return _with_views(Tree(name, ps, parent, depth, rank, children, ancestors,
-                            torch.tensor(expanded, dtype=torch.long, device=host), exp_children, exp_has,
-                            depth[expanded] + 1, row))
+    row[walk] = torch.arange(len(walk), device=host)
+    flat = [(e, r, k[r]) for r in range(width) for e, k in enumerate(ranked) if r < len(k)]
+    rank_children = torch.full((width + 1, len(walk)), -1, dtype=torch.long, device=host)
+    for e, r, c in flat:
+        rank_children[r, e] = c
+    child = torch.tensor([c for _, _, c in flat], dtype=torch.long, device=host)
+    long = functools.partial(torch.tensor, dtype=torch.long, device=host)
+    return _with_views(Tree(name, ps, parent, depth, rank, children, ancestors, long(walk), row, child,
+                            depth[child], long([e for e, _, _ in flat]), long([r for _, r, _ in flat]),
+                            rank_children))
 
 
 def _with_views(tree: Tree) -> Tree:
@@ -271,7 +290,7 @@ def _with_views(tree: Tree) -> Tree:
 
 
 HOST_VIEWS = ("max_depth", "n_children_list", "parent_list", "children_list", "levels", "expanded_nodes",
-              "expanded_depths", "level_max_children", "level_slices", "drafting_plan")
+              "walk_rank_counts", "walk_depths", "level_max_children", "level_slices", "drafting_plan")
 
 
 def pac_tree(window: int, width: int, depth: int) -> Tree:
