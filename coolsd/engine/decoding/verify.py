@@ -1,4 +1,5 @@
-"""Tree verification: recursive rejection over siblings (docs/methods.md#13-verification-at-one-tree-depth-d), every node's children at once.
+"""Tree verification: recursive rejection over siblings, every node's children at once
+(docs/methods.md#13-verification-at-one-tree-depth-d).
 
 One function serves every discrete method; only the ``Rule`` differs. Batched over samples:
 each sample walks its own path through the same static tree.
@@ -75,8 +76,8 @@ def verify_tree(
     # duplicates and q_j(x_j) <= 0 are skipped (docs/methods.md#13-verification-at-one-tree-depth-d),
     # and so are nodes deeper than the sample's max_depth
     verified = (qx > 0) & (max_depth >= tree.walk_child_depth.unsqueeze(1))
-    p_node = p.transpose(0, 1).index_select(0, tree.walk_nodes)  # (E, B, V): each walk node's p, where its walk
-    # starts (and the fallback of an empty residual)
+    # (E, B, V): each walk node's p, where its walk starts (and the fallback of an empty residual)
+    p_node = p.transpose(0, 1).index_select(0, tree.walk_nodes)
     depths, chooses = tree.walk_depths, rule.chooses
     chain = tree.max_children == 1  # a chain's choices go to the signals (``Verdict.choices``)
     walk, done, choices, a_x = p_node, [], None, []
