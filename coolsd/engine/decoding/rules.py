@@ -250,8 +250,11 @@ class ScaledRule(Rule):
         self.weights = [float(w) for w in self.omega]  # host floats: no tensor read per step (traceable)
 
     def weight(self, depth: int) -> float:
+        return self.weights[self._at(depth)]
+
+    def _at(self, depth: int) -> int:
         # depths past the schedule (never reached by a tree of depth L) reuse the last weight
-        return self.weights[min(depth, len(self.weights)) - 1]
+        return min(depth, len(self.weights)) - 1
 
     def numerator(self, p_res, depth):
         return self.weight(depth) * p_res
@@ -264,7 +267,7 @@ class ScaledRule(Rule):
         bit, as ``numerator`` takes with omega_d a host float: both round omega_d to p_res's dtype)."""
         if not self._inherits(ScaledRule, "numerator", "accepted", "weight"):
             return super().accepted_rows(p_res, q, depths, choice)
-        at = [min(d, len(self.weights)) - 1 for d in depths]  # ``weight``'s index
+        at = [self._at(d) for d in depths]
         if len(set(at)) == 1:
             return self.accepted(p_res, q, depths[0])
         # the rows' weights from the held tensor (views stacked: one kernel, nothing lifted from host data)
@@ -551,19 +554,14 @@ class BudgetRule(Rule):
         z = (p_res * s).sum(-1, keepdim=True)
         ok = z > _TINY
         norm = torch.where(ok, s / torch.where(ok, z, 1.0), pos.to(p_res.dtype))  # Norm(residual) / p
-        K = self.omegas.numel()
         if compiling():
             return self._choose_kl(p_res, t, norm).view(shape)
-        if not _on_host(p_res):
-            n = max(1, DEVICE_CHOOSE_CHUNK_ELEMENTS // (K * V))
-            if p_res.shape[0] <= n:
-                return self._choose_kl(p_res, t, norm).view(shape)
-            return torch.cat([self._choose_kl(p_res[i : i + n], t[i : i + n], norm[i : i + n])
-                              for i in range(0, p_res.shape[0], n)]).view(shape)
-        n = min(p_res.shape[0], max(1, CHOOSE_CHUNK_ELEMENTS // (K * V)))
-        bufs = self._workspace(n, K, V, p_res.dtype)
-        return torch.cat([self._choose_kl(p_res[i : i + n], t[i : i + n], norm[i : i + n], bufs)
-                          for i in range(0, p_res.shape[0], n)]).view(shape)
+        K, host = self.omegas.numel(), _on_host(p_res)
+        n = min(p_res.shape[0], max(1, (CHOOSE_CHUNK_ELEMENTS if host else DEVICE_CHOOSE_CHUNK_ELEMENTS) // (K * V)))
+        bufs = self._workspace(n, K, V, p_res.dtype) if host else None  # an accelerator's allocator reuses
+        parts = [self._choose_kl(p_res[i : i + n], t[i : i + n], norm[i : i + n], bufs)
+                 for i in range(0, p_res.shape[0], n)]
+        return (parts[0] if len(parts) == 1 else torch.cat(parts)).view(shape)
 
     def _workspace(self, n: int, K: int, V: int, dtype) -> tuple:
         """Two (>= n, K, V) CPU buffers kept on the rule and reused call to call (grown when a

@@ -155,15 +155,14 @@ class Tree:
     def walk_rank_counts(self) -> tuple[int, ...]:
         """How many walk nodes have a child at rank r, r = 0 .. max_children - 1 (non-increasing:
         rank r's rows are the first that many), host ints."""
-        kids = sorted((self.n_children_list[i] for i in self.expanded_nodes), reverse=True)
+        kids = [self.n_children_list[i] for i in self.walk_nodes.tolist()]  # built on the host
         return tuple(sum(k > r for k in kids) for r in range(self.max_children)) if kids else ()
 
     @functools.cached_property
     def walk_depths(self) -> tuple[int, ...]:
         """The depth of each walk node's children, host ints: what a rule reading its depth is
         told per row (``Rule.accepted_rows``)."""
-        return tuple(len(self.paths[i - 1]) + 1 if i else 1 for i in sorted(
-            self.expanded_nodes, key=lambda i: -self.n_children_list[i]))
+        return tuple(len(self.paths[i - 1]) + 1 if i else 1 for i in self.walk_nodes.tolist())
 
     @functools.cached_property
     def levels(self) -> list[list[int]]:

@@ -62,12 +62,19 @@ def verify_tree(
     dev = p.device
     D = tree.max_depth
     if not D:  # a plain AR step: the token is drawn from p at the root
-        p_res = p[:, 0]
-        emitted = sample_inverse_cdf(p_res, u_emit)
-        n_acc = torch.zeros(B, dtype=torch.long, device=dev)
-        if emit_allowed_after is not None:
-            emitted = torch.where(n_acc < emit_allowed_after, emitted, torch.full_like(emitted, -1))
-        return Verdict(torch.empty(B, 0, dtype=torch.long, device=dev), n_acc, emitted, p_res, None)
+        path, n_acc, p_res, choices = torch.empty(B, 0, dtype=torch.long, device=dev), \
+            torch.zeros(B, dtype=torch.long, device=dev), p[:, 0], None
+    else:
+        path, n_acc, p_res, choices = _walk_tree(p, q, tokens, tree, rule, u_accept, max_depth)
+    emitted = sample_inverse_cdf(p_res, u_emit)
+    if emit_allowed_after is not None:
+        emitted = torch.where(n_acc < emit_allowed_after, emitted, torch.full_like(emitted, -1))
+    return Verdict(path, n_acc, emitted, p_res, choices)
+
+
+def _walk_tree(p, q, tokens, tree: Tree, rule: Rule, u_accept, max_depth) -> tuple:
+    """(path, n_accepted, p_res, choices) of a tree with drafts (``verify_tree``'s docstring)."""
+    B, dev = p.shape[0], p.device
     kids, counts = tree.walk_children, tree.walk_rank_counts  # rank r: rows off_r .. off_r + counts[r]
     x = tokens.t().index_select(0, kids)  # (n, B)
     qj = q.transpose(0, 1).index_select(0, kids)  # (n, B, V): each drafted node's q_j
@@ -124,10 +131,7 @@ def verify_tree(
     row = tree.walk_row[last]
     at = torch.arange(B, device=dev)
     p_res = torch.where((row >= 0).unsqueeze(-1), walk[row.clamp(min=0), at], p[at, last])
-    emitted = sample_inverse_cdf(p_res, u_emit)
-    if emit_allowed_after is not None:
-        emitted = torch.where(n_acc < emit_allowed_after, emitted, torch.full_like(emitted, -1))
-    return Verdict(path, n_acc, emitted, p_res, None if choices is None else choices.t())
+    return path, n_acc, p_res, None if choices is None else choices.t()
 
 
 def _accepted_path(tree: Tree, child: torch.Tensor) -> tuple:
